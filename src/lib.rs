@@ -1,0 +1,26 @@
+//! # idemkey
+//!
+//! Outgoing API calls that are safe to retry, and incoming requests that are safe to
+//! receive twice.
+//!
+//! - **Client half** (feature `client`): a [`reqwest_middleware`] middleware that gives
+//!   every logical non-idempotent call an `Idempotency-Key` and keeps it fixed across every
+//!   retry, with idempotency-aware exponential backoff that honours `Retry-After`.
+//! - **Server half** (feature `server`): a verifier that runs each keyed request at most
+//!   once, replays the stored response to retries, rejects a reused key whose request
+//!   differs, and answers concurrent duplicates with a conflict. It comes as a
+//!   framework-free engine, a `tower` layer, and a function-level API, over pluggable
+//!   [stores](store).
+//!
+//! Both halves follow one wire protocol: the IETF `Idempotency-Key` header (bare or
+//! RFC 8941 sf-string), `Idempotent-Replayed: true` on replays, and RFC 9457 problem
+//! responses with a stable `type` per case.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod headers;
+pub mod key;
+
+#[cfg(feature = "server")]
+pub mod store;
+
+pub use key::{IdempotencyKey, InvalidKey};

@@ -1,0 +1,342 @@
+//! The store contract and the stores that implement it.
+//!
+//! A store keeps one record per [`RecordId`] (a hash of scope and key; raw keys are never
+//! kept at rest). A record is either **in progress** (someone holds a lease on it, named
+//! by a [`FencingToken`]) or **completed** (an opaque payload kept for the retention
+//! period). The engine decides what the payload holds; a store only keeps bytes.
+//!
+//! Every store must honour this contract, checked by the conformance suite
+//! (`idemkey::testing::conformance`, feature `test-util`):
+//!
+//! 1. [`Store::claim`] is atomic in the store itself: of any number of concurrent claims
+//!    on an absent (or expired) record, exactly one returns [`Claim::Acquired`]. A claim
+//!    that finds a live record returns it in the same call ([`Claim::InProgress`] or
+//!    [`Claim::Completed`]).
+//! 2. An in-progress record whose lease has expired counts as absent: the next claim
+//!    takes it over with its own token, whatever the fingerprint. Lease decisions use
+//!    the store's clock where the store has one.
+//! 3. [`Store::complete`], [`Store::renew`] and [`Store::release`] are compare-and-set on
+//!    the token: with any other token (a stale owner, a released or taken-over claim)
+//!    they change nothing and fail with [`StoreError::is_fenced`].
+//! 4. A completed record is returned by every claim until its retention ends, then it
+//!    counts as absent and is removed (by TTL or by [`Store::sweep`]).
+//!
+//! Stores: [`MemoryStore`] (embedded, the default) here; SQLite, Redis and PostgreSQL
+//! behind their features.
+
+mod memory;
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use memory::MemoryStore;
+
+/// The address of a record: SHA-256 over the length-prefixed scope and key.
+///
+/// Raw keys never reach a store; two scopes using the same key get different ids.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId([u8; 32]);
+
+impl RecordId {
+    /// The id of `key` within `scope` (use `""` for unscoped records).
+    ///
+    /// ```
+    /// use idemkey::store::RecordId;
+    /// assert_ne!(RecordId::new("tenant-a", "k1"), RecordId::new("tenant-b", "k1"));
+    /// assert_ne!(RecordId::new("ab", "c"), RecordId::new("a", "bc"));
+    /// ```
+    #[must_use]
+    pub fn new(scope: &str, key: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"idemkey/record/v1\0");
+        h.update((scope.len() as u64).to_be_bytes());
+        h.update(scope.as_bytes());
+        h.update((key.len() as u64).to_be_bytes());
+        h.update(key.as_bytes());
+        Self(h.finalize().into())
+    }
+
+    /// Wraps raw digest bytes (as read back from a store).
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The digest bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lower-case hex form, 64 characters (used in store keys).
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RecordId({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// Names one claim on a record. Completing, renewing and releasing are compare-and-set on
+/// it, so an owner whose lease was taken over can no longer write.
+///
+/// Tokens are random 128-bit values made by the caller of [`Store::claim`], unique across
+/// records, releases and takeovers (a counter per record would repeat after a release).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(u128);
+
+impl FencingToken {
+    /// A fresh random token.
+    #[must_use]
+    pub fn random() -> Self {
+        Self(uuid::Uuid::new_v4().as_u128())
+    }
+
+    /// Wraps a raw value (as read back from a store).
+    #[must_use]
+    pub const fn from_u128(v: u128) -> Self {
+        Self(v)
+    }
+
+    /// The raw value.
+    #[must_use]
+    pub const fn as_u128(&self) -> u128 {
+        self.0
+    }
+
+    /// Big-endian bytes, for stores that keep binary values.
+    #[must_use]
+    pub const fn to_bytes(&self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+
+    /// From big-endian bytes.
+    #[must_use]
+    pub const fn from_bytes(b: [u8; 16]) -> Self {
+        Self(u128::from_be_bytes(b))
+    }
+
+    /// 32-character lower-case hex form, for stores that keep text.
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        format!("{:032x}", self.0)
+    }
+
+    /// Parses the form made by [`FencingToken::to_hex`].
+    #[must_use]
+    pub fn from_hex(s: &str) -> Option<Self> {
+        (s.len() == 32)
+            .then(|| u128::from_str_radix(s, 16).ok().map(Self))
+            .flatten()
+    }
+}
+
+impl fmt::Debug for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FencingToken({})", self.to_hex())
+    }
+}
+
+/// What the store is asked to record by a claim.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The record's address.
+    pub id: &'a RecordId,
+    /// The request fingerprint, opaque to the store (kept and returned as is).
+    pub fingerprint: &'a [u8],
+    /// The token that names this claim if it wins.
+    pub token: FencingToken,
+    /// How long the claim holds the record unless renewed.
+    pub lease: Duration,
+}
+
+/// The result of [`Store::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The claim won: the caller owns the record until its lease ends.
+    Acquired {
+        /// `true` when an expired lease of an earlier owner was taken over.
+        takeover: bool,
+    },
+    /// Another claim holds a live lease.
+    InProgress {
+        /// The fingerprint the owner claimed with.
+        fingerprint: Bytes,
+        /// Time left on that owner's lease, by the store's clock.
+        lease_remaining: Duration,
+    },
+    /// The record is completed.
+    Completed {
+        /// The fingerprint of the request that completed it.
+        fingerprint: Bytes,
+        /// The payload stored by [`Store::complete`].
+        payload: Bytes,
+    },
+}
+
+/// A pluggable record store. See the [module docs](self) for the contract.
+///
+/// Implementations are shared between requests (`Arc<dyn Store>`), so methods take
+/// `&self`.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Claims the record, or returns the live record in the same call.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
+
+    /// Completes a record held by `token`: stores `payload`, kept for `retention`.
+    ///
+    /// Fails with [`StoreError::is_fenced`] when `token` no longer holds the record.
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// Extends the lease held by `token` to `lease` from now (by the store's clock).
+    ///
+    /// Fails with [`StoreError::is_fenced`] when `token` no longer holds the record.
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// Removes an in-progress record held by `token`, so the next claim executes anew.
+    ///
+    /// Fails with [`StoreError::is_fenced`] when `token` no longer holds the record.
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError>;
+
+    /// Removes expired records; returns how many. Stores that expire records themselves
+    /// (Redis TTL) return `Ok(0)`. Schedule it where the store needs it (PostgreSQL,
+    /// SQLite); the memory store also sweeps by itself.
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        (**self).claim(req).await
+    }
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        (**self).complete(id, token, payload, retention).await
+    }
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        (**self).renew(id, token, lease).await
+    }
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        (**self).release(id, token).await
+    }
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        (**self).sweep().await
+    }
+}
+
+/// A store operation that failed.
+///
+/// Query the kind with [`StoreError::is_fenced`] and [`StoreError::is_unavailable`].
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+#[derive(Debug)]
+enum StoreErrorKind {
+    Fenced,
+    Unavailable(String),
+    Corrupt(String),
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fenced => f.write_str(
+                "the fencing token no longer holds this record (its lease expired and another request took it over, or it was released); nothing was written",
+            ),
+            Self::Unavailable(m) => write!(f, "the idempotency store is unreachable or failing: {m}; retry later"),
+            Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
+        }
+    }
+}
+
+impl StoreError {
+    /// The token did not hold the record: nothing was written.
+    #[must_use]
+    pub fn fenced() -> Self {
+        Self {
+            kind: StoreErrorKind::Fenced,
+            source: None,
+        }
+    }
+
+    /// The store could not be reached or failed; `what` says what was attempted.
+    #[must_use]
+    pub fn unavailable(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind: StoreErrorKind::Unavailable(what.into()),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store answered with data this version cannot read.
+    #[must_use]
+    pub fn corrupt(what: impl Into<String>) -> Self {
+        Self {
+            kind: StoreErrorKind::Corrupt(what.into()),
+            source: None,
+        }
+    }
+
+    /// `true` when a complete, renew or release was refused because the token no longer
+    /// holds the record.
+    #[must_use]
+    pub fn is_fenced(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Fenced)
+    }
+
+    /// `true` when the store could not be reached or failed (the verifier answers 503).
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unavailable(_))
+    }
+
+    /// `true` when a record could not be decoded.
+    #[must_use]
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Corrupt(_))
+    }
+}
