@@ -23,4 +23,7 @@ pub mod key;
 #[cfg(feature = "server")]
 pub mod store;
 
+#[cfg(feature = "test-util")]
+pub mod testing;
+
 pub use key::{IdempotencyKey, InvalidKey};
