@@ -10,3 +10,21 @@ use idemkey::testing::conformance;
 async fn memory_store_conforms() {
     conformance::run(|| async { MemoryStore::new() }).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_store_conforms() {
+    use idemkey::store::RedisStore;
+    let url = support::redis_url();
+    let prefix = format!("{}:", support::unique("idemkey-test"));
+    conformance::run(|| {
+        let (url, prefix) = (url.clone(), prefix.clone());
+        async move {
+            RedisStore::builder(&url)
+                .prefix(prefix)
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("the Redis at {url} must be reachable: {e}"))
+        }
+    })
+    .await;
+}

@@ -25,12 +25,16 @@
 //! behind their features.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
 
 /// The address of a record: SHA-256 over the length-prefixed scope and key.
