@@ -28,3 +28,15 @@ async fn redis_store_conforms() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_store_conforms() {
+    let table = support::unique("idemkey_test");
+    let store = support::postgres_store(&table).await;
+    conformance::run(|| {
+        let store = store.clone();
+        async move { store }
+    })
+    .await;
+    support::drop_postgres_table(&store, &table).await;
+}

@@ -25,8 +25,12 @@
 //! behind their features.
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
 
 use std::fmt;
 use std::time::Duration;
@@ -36,6 +40,8 @@ use bytes::Bytes;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
 
 /// The address of a record: SHA-256 over the length-prefixed scope and key.
 ///

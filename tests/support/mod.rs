@@ -139,3 +139,27 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A PostgreSQL store on the shared server with its own table (created).
+#[cfg(feature = "postgres")]
+pub async fn postgres_store(table: &str) -> idemkey::store::PostgresStore {
+    let url = postgres_url();
+    let store = idemkey::store::PostgresStore::builder(&url)
+        .table(table)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {url} must be reachable: {e}"));
+    store.migrate().await.expect("create the test table");
+    store
+}
+
+/// Drops a test table made by [`postgres_store`].
+#[cfg(feature = "postgres")]
+pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS \"{table}\""
+    )))
+    .execute(store.pool())
+    .await
+    .expect("drop the test table");
+}
