@@ -40,3 +40,19 @@ async fn postgres_store_conforms() {
     .await;
     support::drop_postgres_table(&store, &table).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_store_conforms() {
+    use idemkey::store::SqliteStore;
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("records.db");
+    let store = SqliteStore::open(&path)
+        .await
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    conformance::run(|| {
+        let store = store.clone();
+        async move { store }
+    })
+    .await;
+    store.close().await;
+}

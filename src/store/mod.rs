@@ -31,6 +31,8 @@ mod postgres;
 mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 use std::fmt;
 use std::time::Duration;
@@ -42,6 +44,8 @@ pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 
 /// The address of a record: SHA-256 over the length-prefixed scope and key.
 ///

@@ -41,10 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Row};
 
-use super::sql::{TableName, micros, unavailable};
+use super::sql::{TableName, claim_sets, decode_claim, micros, sql, unavailable};
 use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
 
 /// The default table name.
@@ -83,18 +83,7 @@ struct Statements {
 
 impl Statements {
     fn new(t: &str) -> Self {
-        // `expired` is evaluated on the row as it stands (`r`), by the database's clock.
-        let keep_unless_expired = |col: &str, new: &str| {
-            format!("{col} = CASE WHEN r.expires_at <= now() THEN {new} ELSE r.{col} END")
-        };
-        let sets = [
-            keep_unless_expired("taken_over", "r.payload IS NULL"),
-            keep_unless_expired("fingerprint", "excluded.fingerprint"),
-            keep_unless_expired("token", "excluded.token"),
-            keep_unless_expired("payload", "NULL"),
-            keep_unless_expired("expires_at", "excluded.expires_at"),
-        ]
-        .join(",\n  ");
+        let sets = claim_sets("r.expires_at <= now()", "r.");
         let held = "id = $1 AND token = $2 AND payload IS NULL AND expires_at > now()";
         Self {
             claim: format!(
@@ -103,7 +92,7 @@ VALUES ($1, $2, $3, NULL, false, now() + $4 * interval '1 microsecond')
 ON CONFLICT (id) DO UPDATE SET
   {sets}
 RETURNING coalesce(token = $3, false) AS won, taken_over, fingerprint, payload,
-  (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining_us"
+  (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining"
             )
             .into(),
             complete: format!(
@@ -259,10 +248,6 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
     }
 }
 
-fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
-    AssertSqlSafe(Arc::clone(s))
-}
-
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
@@ -274,31 +259,7 @@ impl Store for PostgresStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| unavailable("PostgreSQL: claiming a record", e))?;
-        let corrupt = |e: sqlx::Error| StoreError::corrupt(format!("PostgreSQL claim row: {e}"));
-        if row.try_get::<bool, _>("won").map_err(corrupt)? {
-            return Ok(Claim::Acquired {
-                takeover: row.try_get("taken_over").map_err(corrupt)?,
-            });
-        }
-        let fingerprint = Bytes::from(row.try_get::<Vec<u8>, _>("fingerprint").map_err(corrupt)?);
-        Ok(
-            match row
-                .try_get::<Option<Vec<u8>>, _>("payload")
-                .map_err(corrupt)?
-            {
-                Some(payload) => Claim::Completed {
-                    fingerprint,
-                    payload: payload.into(),
-                },
-                None => {
-                    let us: i64 = row.try_get("remaining_us").map_err(corrupt)?;
-                    Claim::InProgress {
-                        fingerprint,
-                        lease_remaining: Duration::from_micros(u64::try_from(us).unwrap_or(0)),
-                    }
-                }
-            },
-        )
+        decode_claim(&row, Duration::from_micros)
     }
 
     async fn complete(
