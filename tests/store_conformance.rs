@@ -56,3 +56,48 @@ async fn sqlite_store_conforms() {
     .await;
     store.close().await;
 }
+
+#[tokio::test]
+async fn open_picks_the_store_by_url() {
+    use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId};
+    use std::time::Duration;
+    let dir = support::TempDir::new("idemkey-open");
+    let sqlite = format!("sqlite://{}", dir.path().join("open.db").display());
+    for url in [
+        "memory".to_owned(),
+        support::redis_url(),
+        support::postgres_url(),
+        sqlite,
+    ] {
+        let store = idemkey::store::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("open({url}) must work: {e}"));
+        let id = RecordId::new("open", &support::unique("k"));
+        let token = FencingToken::random();
+        let lease = Duration::from_secs(60);
+        let claim = store
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint: b"fp",
+                token,
+                lease,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("claim on {url}: {e}"));
+        assert_eq!(claim, Claim::Acquired { takeover: false }, "{url}");
+        store
+            .release(&id, token)
+            .await
+            .unwrap_or_else(|e| panic!("release on {url}: {e}"));
+    }
+    let err = idemkey::store::open("sqlite://")
+        .await
+        .err()
+        .expect("no path");
+    assert!(err.is_unsupported(), "{err}");
+    let err = idemkey::store::open(&format!("redis://127.0.0.1:{}", support::free_port()))
+        .await
+        .err()
+        .expect("nothing listens there");
+    assert!(err.is_unavailable(), "{err}");
+}

@@ -21,10 +21,12 @@
 //! 4. A completed record is returned by every claim until its retention ends, then it
 //!    counts as absent and is removed (by TTL or by [`Store::sweep`]).
 //!
-//! Stores: [`MemoryStore`] (embedded, the default) here; SQLite, Redis and PostgreSQL
-//! behind their features.
+//! Stores: [`MemoryStore`] (embedded, the default); `SqliteStore` (feature `sqlite`,
+//! embedded and durable); `RedisStore` (feature `redis`, shared); `PostgresStore`
+//! (feature `postgres`, shared and durable). [`open`] picks one by connection string.
 
 mod memory;
+mod open;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -42,6 +44,7 @@ use bytes::Bytes;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
+pub use open::{OpenError, open};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
