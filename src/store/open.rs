@@ -21,7 +21,7 @@ use super::{MemoryStore, Store, StoreError};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idemkey::store::OpenError> {
 /// let store = idemkey::store::open("memory").await?;
 /// # let _ = store;
-/// let err = idemkey::store::open("mysql://db/app").await.unwrap_err();
+/// let err = idemkey::store::open("mysql://db/app").await.err().expect("no MySQL store");
 /// assert!(err.is_unsupported());
 /// # Ok(()) }
 /// ```
