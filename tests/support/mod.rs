@@ -163,3 +163,6 @@ pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &
     .await
     .expect("drop the test table");
 }
+
+#[cfg(feature = "test-util")]
+pub mod verifier;
