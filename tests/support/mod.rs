@@ -46,19 +46,33 @@ fn wait_listening(port: u16, what: &str) {
     panic!("{what} did not start listening on 127.0.0.1:{port} within 5 s");
 }
 
-/// A private `redis-server` on a free port, without persistence, killed by its own
-/// process id on drop (or by [`RedisServer::kill`]).
+/// A private `redis-server` on a free port, killed by its own process id on drop (or
+/// by [`RedisServer::kill`]).
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// With an append-only file here, fsynced on every write: records survive a kill.
+    aof_dir: Option<TempDir>,
 }
 
 impl RedisServer {
-    /// Starts a private server on a free port.
+    /// Starts a private server on a free port, without persistence.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts a private server on a free port whose data survives [`RedisServer::kill`]
+    /// (append-only file, `appendfsync always`), as a production Redis keeping
+    /// idempotency records should be configured.
+    pub fn start_durable() -> Self {
+        Self::start_with(Some(TempDir::new("idemkey-redis")))
+    }
+
+    fn start_with(aof_dir: Option<TempDir>) -> Self {
         let mut server = Self {
             port: free_port(),
             child: None,
+            aof_dir,
         };
         server.restart();
         server
@@ -77,12 +91,20 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (empty: nothing was persisted).
+    /// Starts the server again on the same port (with the data of a durable server,
+    /// empty otherwise).
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", ""]);
+        match &self.aof_dir {
+            Some(dir) => cmd
+                .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+                .arg(dir.path()),
+            None => cmd.args(["--appendonly", "no"]),
+        };
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -99,6 +121,131 @@ impl Drop for RedisServer {
             let _ = child.wait();
         }
     }
+}
+
+/// A private PostgreSQL (its own `initdb` cluster in a temporary directory) on a free
+/// port, killed by the postmaster's process id on drop (or by [`PgServer::kill`]).
+/// Runs as the `postgres` user when the tests run as root (PostgreSQL refuses root).
+pub struct PgServer {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+    user: Option<(u32, u32)>,
+}
+
+impl PgServer {
+    /// Creates a cluster (trust auth, superuser `postgres`) and starts it.
+    pub fn start() -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let dir = TempDir::new("idemkey-pg");
+        let root = std::fs::metadata("/proc/self")
+            .map(|m| m.uid() == 0)
+            .unwrap_or(false);
+        let user = root.then(postgres_user);
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .expect("hand the cluster directory to the postgres user");
+        }
+        let mut initdb = Command::new(postgres_bin_dir().join("initdb"));
+        initdb.arg("-D").arg(dir.path().join("data")).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]);
+        let status = as_user(&mut initdb, user)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run initdb");
+        assert!(status.success(), "initdb failed: {status}");
+        let mut server = Self {
+            port: free_port(),
+            dir,
+            child: None,
+            user,
+        };
+        server.restart();
+        server
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Kills the postmaster (SIGKILL, by its pid) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("kill the private postgres");
+            child.wait().expect("reap the private postgres");
+        }
+    }
+
+    /// Starts the server again on the same port and data (after crash recovery).
+    pub fn restart(&mut self) {
+        self.kill();
+        // Backends orphaned by a kill exit by themselves; until they have, the new
+        // postmaster refuses the data directory. Retry (bounded).
+        for _ in 0..100 {
+            let mut cmd = Command::new(postgres_bin_dir().join("postgres"));
+            cmd.arg("-D")
+                .arg(self.dir.path().join("data"))
+                .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
+                .arg(self.dir.path());
+            let mut child = as_user(&mut cmd, self.user)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start postgres");
+            for _ in 0..200 {
+                if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    self.child = Some(child);
+                    return;
+                }
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the private postgres did not start on port {}", self.port);
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The uid and gid of the `postgres` user, from `/etc/passwd`.
+fn postgres_user() -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    passwd
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&"postgres") && f.len() > 3)
+                .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+                .flatten()
+        })
+        .expect("a postgres user to run the private PostgreSQL as (tests run as root)")
+}
+
+fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    if let Some((uid, gid)) = user {
+        cmd.uid(uid).gid(gid).env("HOME", "/tmp");
+    }
+    cmd
 }
 
 /// The directory of PostgreSQL's server binaries (`initdb`, `pg_ctl`, `postgres`).

@@ -1,0 +1,151 @@
+//! Store outages: a private server started by the test is killed by its pid mid-run.
+//! While it is down requests get 503 with Retry-After and no handler runs; once it is
+//! back traffic resumes by itself and nothing completed before the outage runs again.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkey::store::Store;
+use support::verifier::{self, Handler, Reply};
+
+const KEYS: usize = 20;
+
+/// Sends `key` until the reply is not a 503 (the store reconnecting), bounded.
+async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str) -> Reply {
+    for _ in 0..200 {
+        let reply = verifier::charge(client, addr, key).await;
+        if reply.status != 503 {
+            return reply;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the verifier still answered 503 long after the store came back");
+}
+
+/// Runs the outage scenario against two apps over `store`; `kill` and `restart` act on
+/// the store's private server.
+async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut restart: impl FnMut()) {
+    let handler = Handler::open();
+    let apps = [
+        verifier::spawn_app(Arc::clone(&store), handler.clone()).await,
+        verifier::spawn_app(store, handler.clone()).await,
+    ];
+    let client = reqwest::Client::new();
+    let before: Vec<String> = (0..KEYS)
+        .map(|i| format!("before-{i}-{}", uuid::Uuid::new_v4()))
+        .collect();
+    let during: Vec<String> = (0..KEYS)
+        .map(|i| format!("during-{i}-{}", uuid::Uuid::new_v4()))
+        .collect();
+
+    let mut completed = Vec::new();
+    for (i, key) in before.iter().enumerate() {
+        let reply = verifier::charge(&client, apps[i % 2], key).await;
+        assert_eq!(reply.status, 201, "before the outage: {reply:?}");
+        completed.push(reply.body);
+    }
+    assert_eq!(handler.executions(), KEYS);
+
+    kill();
+    // Concurrently: each request may wait for the store's timeout before its 503.
+    let mut refused = tokio::task::JoinSet::new();
+    for (i, key) in before.iter().chain(&during).enumerate() {
+        let (client, key, addr) = (client.clone(), key.clone(), apps[i % 2]);
+        refused.spawn(async move { verifier::charge(&client, addr, &key).await });
+    }
+    for reply in refused.join_all().await {
+        assert_eq!(reply.status, 503, "while the store is down: {reply:?}");
+        assert!(
+            reply.retry_after.is_some(),
+            "503 carries Retry-After: {reply:?}"
+        );
+    }
+    assert_eq!(
+        handler.executions(),
+        KEYS,
+        "no handler ran while the store was down"
+    );
+
+    restart();
+    for (i, key) in before.iter().enumerate() {
+        let reply = charge_when_back(&client, apps[i % 2], key).await;
+        assert_eq!(reply.status, 201, "after the outage: {reply:?}");
+        assert!(
+            reply.replayed,
+            "a request completed before the outage is replayed"
+        );
+        assert_eq!(
+            reply.body, completed[i],
+            "the stored reply survived the outage"
+        );
+    }
+    assert_eq!(
+        handler.executions(),
+        KEYS,
+        "nothing completed before the outage ran again"
+    );
+    for (i, key) in during.iter().enumerate() {
+        let reply = charge_when_back(&client, apps[i % 2], key).await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert!(
+            !reply.replayed,
+            "a request refused during the outage runs now"
+        );
+    }
+    assert_eq!(
+        handler.executions(),
+        2 * KEYS,
+        "each refused request ran once afterwards"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage() {
+    // Durable (append-only file, fsync always): what a Redis holding idempotency
+    // records must be, or a restart forgets completed requests.
+    let server = std::sync::Mutex::new(support::RedisServer::start_durable());
+    let url = server.lock().expect("server").url();
+    let store = idemkey::store::RedisStore::builder(&url)
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    outage_scenario(
+        Arc::new(store),
+        || server.lock().expect("server").kill(),
+        || server.lock().expect("server").restart(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage() {
+    let server = std::sync::Mutex::new(support::PgServer::start());
+    let url = server.lock().expect("server").url();
+    let mut store = None;
+    for _ in 0..100 {
+        // The server may still be starting up.
+        match idemkey::store::PostgresStore::builder(&url)
+            .acquire_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+        {
+            Ok(s) => {
+                store = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let store = store.expect("connect to the private PostgreSQL");
+    store.migrate().await.expect("create the schema");
+    outage_scenario(
+        Arc::new(store),
+        || server.lock().expect("server").kill(),
+        || server.lock().expect("server").restart(),
+    )
+    .await;
+}
