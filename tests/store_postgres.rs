@@ -173,3 +173,77 @@ async fn bad_configuration_and_unreachable_database_are_unavailable() {
         .expect_err("nothing listens there");
     assert!(err.is_unavailable(), "{err}");
 }
+
+#[tokio::test]
+async fn fresh_request_costs_two_statements_and_replay_one() {
+    // A private server, so that pg_stat_statements counts this test's statements only.
+    let server = support::PgServer::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let mut store = None;
+    for _ in 0..100 {
+        match PostgresStore::connect(server.url()).await {
+            Ok(s) => {
+                store = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let store = store.expect("connect to the private PostgreSQL");
+    store.migrate().await.expect("migrate");
+    sqlx::raw_sql("CREATE EXTENSION pg_stat_statements")
+        .execute(store.pool())
+        .await
+        .expect("create pg_stat_statements");
+    let statements = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE query NOT ILIKE '%pg_stat_statements%'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("read pg_stat_statements");
+        n
+    };
+    let reset = || async {
+        sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+            .execute(store.pool())
+            .await
+            .expect("reset pg_stat_statements");
+    };
+
+    let (id, token, lease) = (
+        RecordId::new("t", "k"),
+        FencingToken::random(),
+        Duration::from_secs(60),
+    );
+    reset().await;
+    let claim = store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token,
+            lease,
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claim, Claim::Acquired { takeover: false });
+    store
+        .complete(&id, token, "reply".into(), lease)
+        .await
+        .expect("complete");
+    let fresh = statements().await;
+    assert_eq!(fresh, 2, "a fresh request: claim and complete");
+
+    reset().await;
+    let replay = store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease,
+        })
+        .await
+        .expect("replay");
+    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    assert_eq!(statements().await, 1, "a replay: one claim");
+}

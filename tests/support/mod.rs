@@ -131,11 +131,17 @@ pub struct PgServer {
     dir: TempDir,
     child: Option<Child>,
     user: Option<(u32, u32)>,
+    settings: Vec<String>,
 }
 
 impl PgServer {
     /// Creates a cluster (trust auth, superuser `postgres`) and starts it.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`PgServer::start`], with server settings (`name=value`, as `-c` options).
+    pub fn start_with(settings: &[&str]) -> Self {
         use std::os::unix::fs::MetadataExt;
         let dir = TempDir::new("idemkey-pg");
         let root = std::fs::metadata("/proc/self")
@@ -165,6 +171,7 @@ impl PgServer {
             dir,
             child: None,
             user,
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
         };
         server.restart();
         server
@@ -194,6 +201,9 @@ impl PgServer {
                 .arg(self.dir.path().join("data"))
                 .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
                 .arg(self.dir.path());
+            for setting in &self.settings {
+                cmd.args(["-c", setting]);
+            }
             let mut child = as_user(&mut cmd, self.user)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
