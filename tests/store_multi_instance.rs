@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::Store;
-use support::verifier::{self, Handler, Reply};
+use support::apps::{self, Handler, Reply};
 
 const INSTANCES: usize = 4;
 const REQUESTS: usize = 400;
@@ -23,7 +23,7 @@ where
     let handler = Handler::gated();
     let mut addrs: Vec<SocketAddr> = Vec::new();
     for _ in 0..INSTANCES {
-        addrs.push(verifier::spawn_app(make_store().await, handler.clone()).await);
+        addrs.push(apps::spawn_app(make_store().await, handler.clone()).await);
     }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(REQUESTS)
@@ -42,7 +42,7 @@ where
             addrs[i % INSTANCES],
         );
         tokio::spawn(async move {
-            let _ = tx.send(verifier::charge(&client, addr, &key).await);
+            let _ = tx.send(apps::charge(&client, addr, &key).await);
         });
     }
     drop(tx);
@@ -73,7 +73,7 @@ where
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..REQUESTS {
         let (client, key, addr) = (client.clone(), key.clone(), addrs[i % INSTANCES]);
-        tasks.spawn(async move { verifier::charge(&client, addr, &key).await });
+        tasks.spawn(async move { apps::charge(&client, addr, &key).await });
     }
     for reply in tasks.join_all().await {
         assert_eq!(reply.status, 201, "{reply:?}");

@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::Store;
-use support::verifier::{self, Handler, Reply};
+use support::apps::{self, Handler, Reply};
 
 const KEYS: usize = 20;
 
 /// Sends `key` until the reply is not a 503 (the store reconnecting), bounded.
 async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str) -> Reply {
     for _ in 0..200 {
-        let reply = verifier::charge(client, addr, key).await;
+        let reply = apps::charge(client, addr, key).await;
         if reply.status != 503 {
             return reply;
         }
@@ -30,8 +30,8 @@ async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str)
 async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut restart: impl FnMut()) {
     let handler = Handler::open();
     let apps = [
-        verifier::spawn_app(Arc::clone(&store), handler.clone()).await,
-        verifier::spawn_app(store, handler.clone()).await,
+        apps::spawn_app(Arc::clone(&store), handler.clone()).await,
+        apps::spawn_app(store, handler.clone()).await,
     ];
     let client = reqwest::Client::new();
     let before: Vec<String> = (0..KEYS)
@@ -43,7 +43,7 @@ async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut rest
 
     let mut completed = Vec::new();
     for (i, key) in before.iter().enumerate() {
-        let reply = verifier::charge(&client, apps[i % 2], key).await;
+        let reply = apps::charge(&client, apps[i % 2], key).await;
         assert_eq!(reply.status, 201, "before the outage: {reply:?}");
         completed.push(reply.body);
     }
@@ -54,7 +54,7 @@ async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut rest
     let mut refused = tokio::task::JoinSet::new();
     for (i, key) in before.iter().chain(&during).enumerate() {
         let (client, key, addr) = (client.clone(), key.clone(), apps[i % 2]);
-        refused.spawn(async move { verifier::charge(&client, addr, &key).await });
+        refused.spawn(async move { apps::charge(&client, addr, &key).await });
     }
     for reply in refused.join_all().await {
         assert_eq!(reply.status, 503, "while the store is down: {reply:?}");

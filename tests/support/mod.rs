@@ -322,4 +322,4 @@ pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &
 }
 
 #[cfg(feature = "test-util")]
-pub mod verifier;
+pub mod apps;
