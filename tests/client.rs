@@ -312,6 +312,43 @@ async fn bad_request_is_not_retried() {
 }
 
 #[tokio::test]
+async fn stripe_style_400_key_reused_is_typed() {
+    let problem = |kind: &str| {
+        Reply::status(400)
+            .header("content-type", "application/problem+json")
+            .body(&format!(
+                r#"{{"type":"https://example.com/problems/{kind}"}}"#
+            ))
+    };
+    let server = Recorder::start([problem("key-reused"), problem("missing-field")]).await;
+    let err = post_charge(&client(3), &server)
+        .await
+        .expect_err("key reused");
+    let err = Error::try_from_middleware(err).expect("idemkey's error");
+    assert!(err.is_key_reused(), "{err}");
+    assert_eq!(err.attempts(), 1);
+    let response = err.into_response().expect("kept");
+    assert_eq!(response.url().as_str(), server.url("/charges"));
+    assert!(response.idempotency().is_some());
+    let body = response.text().await.expect("the body was kept");
+    assert!(body.ends_with(r#"key-reused"}"#), "{body}");
+
+    // Any other 400 problem is an ordinary answer, its body intact.
+    let response = post_charge(&client(3), &server)
+        .await
+        .expect("a 400 answer");
+    assert_eq!(response.status(), 400);
+    assert!(
+        response
+            .text()
+            .await
+            .expect("body")
+            .contains("missing-field")
+    );
+    assert_eq!(server.records().len(), 2);
+}
+
+#[tokio::test]
 async fn outcome_unknown_carries_the_key() {
     let server = Recorder::start(std::iter::repeat_n(Reply::status(503), 10)).await;
     let err = post_charge(&client(1), &server)

@@ -83,3 +83,44 @@ pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, a
         .extensions_mut()
         .insert(IdempotencyInfo::new(key.clone(), attempts, replayed));
 }
+
+/// The largest problem document read to classify a 400 answer.
+const MAX_PROBLEM_BYTES: u64 = 64 * 1024;
+
+/// Whether `response` is an RFC 9457 problem whose `type` names `case` (`key-reused`
+/// from a Stripe-compatible server answers 400). Reads a small problem body and gives
+/// back an equivalent response (status, version, headers, URL, extensions, body bytes).
+pub(crate) async fn is_problem(
+    mut response: reqwest::Response,
+    case: &str,
+) -> (reqwest::Response, bool) {
+    let is_problem_json = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    let small = response
+        .content_length()
+        .is_some_and(|n| n <= MAX_PROBLEM_BYTES);
+    if !is_problem_json || !small {
+        return (response, false);
+    }
+    let url = response.url().clone();
+    let status = response.status();
+    let version = response.version();
+    let headers = std::mem::take(response.headers_mut());
+    let extensions = std::mem::take(response.extensions_mut());
+    let body = response.bytes().await.unwrap_or_default();
+    let matches = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .as_ref()
+        .and_then(|doc| doc.get("type")?.as_str().map(|t| t.ends_with(case)))
+        .unwrap_or(false);
+    let mut rebuilt = reqwest::ResponseBuilderExt::url(http::Response::builder(), url)
+        .status(status)
+        .version(version)
+        .body(body)
+        .unwrap_or_default();
+    *rebuilt.headers_mut() = headers;
+    rebuilt.extensions_mut().extend(extensions);
+    (reqwest::Response::from(rebuilt), matches)
+}

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::error::{Error, Kind};
 use super::request::{Attempt, KeyInUse};
-use super::response::annotate;
+use super::response::{annotate, is_problem};
 use crate::IdempotencyKey;
 use crate::headers;
 
@@ -224,6 +224,8 @@ fn is_idempotent(method: &Method) -> bool {
 /// The final answer of the loop, before it is turned into the caller's result.
 enum Last {
     Answer(reqwest_middleware::Result<Response>),
+    /// A 400 problem `key-reused`.
+    KeyReused(Response),
     DeadlinePassed,
 }
 
@@ -285,6 +287,18 @@ impl Middleware for RetryMiddleware {
             drop(result);
             tokio::time::sleep(wait).await;
         };
+        // A Stripe-compatible server answers a reused key with 400 `key-reused`.
+        let last = match last {
+            Last::Answer(Ok(response))
+                if key.is_some() && response.status() == StatusCode::BAD_REQUEST =>
+            {
+                match is_problem(response, "key-reused").await {
+                    (response, true) => Last::KeyReused(response),
+                    (response, false) => Last::Answer(Ok(response)),
+                }
+            }
+            other => other,
+        };
         finish(key, attempt, last, self.deadline)
     }
 }
@@ -305,6 +319,7 @@ fn finish(
     let Some(key) = key else {
         return match last {
             Last::Answer(result) => result,
+            Last::KeyReused(response) => Ok(response),
             Last::DeadlinePassed => Err(reqwest_middleware::Error::middleware(
                 std::io::Error::new(std::io::ErrorKind::TimedOut, deadline_cause()),
             )),
@@ -316,6 +331,13 @@ fn finish(
             cause: deadline_cause(),
             source: None,
         },
+        Last::KeyReused(mut response) => {
+            annotate(&mut response, &key, attempts);
+            let status = response.status();
+            return Err(
+                Error::new(Kind::KeyReused { key, status }, attempts, Some(response)).into(),
+            );
+        }
         Last::Answer(Ok(mut response)) => {
             annotate(&mut response, &key, attempts);
             let status = response.status();
