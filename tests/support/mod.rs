@@ -1,4 +1,5 @@
 #![allow(dead_code, unreachable_pub)]
-//! Real-server test support shared by the integration tests.
+//! Real servers on 127.0.0.1 for the integration tests. Each test binary uses part of it.
 
-pub mod verifier;
+pub(crate) mod recorder;
+pub(crate) mod verifier;
