@@ -33,7 +33,10 @@ fn execute(b: Begin) -> Execution {
 #[tokio::test(start_paused = true)]
 async fn crashed_owner_is_taken_over_after_its_lease_and_cannot_write() {
     let store = MemoryStore::new();
-    let engine = Engine::builder(store.clone()).lease(LEASE).build();
+    let engine = Engine::builder(store.clone())
+        .lease(LEASE)
+        .in_progress_retry_after(Duration::MAX)
+        .build();
     let (k, f) = (key("job-1"), fp("payload"));
 
     let dead = execute(engine.begin("s", &k, &f).await.expect("claim"));

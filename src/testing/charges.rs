@@ -15,7 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::Executions;
 use crate::server::{HeaderScope, IdempotencyLayer};
@@ -25,6 +25,13 @@ use crate::server::{HeaderScope, IdempotencyLayer};
 pub struct ChargeApp {
     layer: IdempotencyLayer,
     executions: Executions,
+}
+
+#[derive(Debug, Serialize)]
+struct Charge {
+    id: String,
+    object: &'static str,
+    amount: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -89,11 +96,11 @@ async fn create(State(executions): State<Executions>, req: Request) -> Response 
             .into_response();
     }
     let n = executions.record();
-    Json(serde_json::json!({
-        "id": format!("ch_{n}"),
-        "object": "charge",
-        "amount": charge.amount,
-    }))
+    Json(Charge {
+        id: format!("ch_{n}"),
+        object: "charge",
+        amount: charge.amount,
+    })
     .into_response()
 }
 

@@ -1,8 +1,9 @@
 //! Deterministic fault injection between a client and a server.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Extensions;
@@ -27,6 +28,19 @@ pub enum Fault {
     Reset,
 }
 
+/// Which attempt the plan decides for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Shot {
+    /// The attempt's number across every request through the injector (from 0).
+    pub attempt: u64,
+    /// The attempt's number among the attempts carrying the same idempotency key
+    /// (from 0; requests without a key count as one key).
+    pub key_attempt: u32,
+    /// The key's number in the order the injector first saw each key (from 0).
+    pub key_index: u64,
+}
+
 /// What a [`FaultInjector`] did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -42,8 +56,8 @@ pub struct FaultStats {
 }
 
 /// A `reqwest_middleware` middleware that injects [`Fault`]s by a deterministic plan: a
-/// function of the attempt number (0, 1, 2, ... across every request through this
-/// injector and its clones).
+/// function of the [`Shot`], the attempt's number overall and per idempotency key
+/// (counted by the `Idempotency-Key` header, across this injector and its clones).
 ///
 /// Errors it injects are genuine `reqwest::Error`s from a connection that a loopback
 /// listener closes without answering, so retry strategies classify them like real
@@ -54,7 +68,8 @@ pub struct FaultInjector {
 }
 
 struct Inner {
-    plan: Box<dyn Fn(u64) -> Fault + Send + Sync>,
+    plan: Box<dyn Fn(Shot) -> Fault + Send + Sync>,
+    per_key: Mutex<HashMap<Vec<u8>, (u64, u32)>>,
     attempts: AtomicU64,
     lost: AtomicU64,
     delays: AtomicU64,
@@ -72,18 +87,19 @@ impl std::fmt::Debug for FaultInjector {
 }
 
 impl FaultInjector {
-    /// Injects `plan(attempt)` into each attempt.
+    /// Injects `plan(shot)` into each attempt.
     ///
     /// ```
     /// use idemkey::testing::{Fault, FaultInjector};
-    /// // Lose the first response of every request made twice in a row.
-    /// let f = FaultInjector::new(|n| if n % 2 == 0 { Fault::LoseResponse } else { Fault::None });
+    /// // Lose the response of every key's first attempt.
+    /// let f = FaultInjector::new(|s| if s.key_attempt == 0 { Fault::LoseResponse } else { Fault::None });
     /// # let _ = f;
     /// ```
-    pub fn new(plan: impl Fn(u64) -> Fault + Send + Sync + 'static) -> Self {
+    pub fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
         Self {
             inner: Arc::new(Inner {
                 plan: Box::new(plan),
+                per_key: Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(0),
                 lost: AtomicU64::new(0),
                 delays: AtomicU64::new(0),
@@ -94,10 +110,11 @@ impl FaultInjector {
         }
     }
 
-    /// Cycles through `faults`, one per attempt (no faults when empty).
+    /// Cycles through `faults`, one per attempt overall (no faults when empty).
     #[must_use]
     pub fn sequence(faults: Vec<Fault>) -> Self {
-        Self::new(move |n| {
+        Self::new(move |shot| {
+            let n = shot.attempt;
             let len = faults.len() as u64;
             if len == 0 {
                 return Fault::None;
@@ -177,8 +194,28 @@ impl Middleware for FaultInjector {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let n = self.inner.attempts.fetch_add(1, Ordering::SeqCst);
-        match (self.inner.plan)(n) {
+        let attempt = self.inner.attempts.fetch_add(1, Ordering::SeqCst);
+        let key = req
+            .headers()
+            .get(crate::headers::IDEMPOTENCY_KEY)
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_default();
+        let (key_index, key_attempt) = {
+            let mut per_key = self
+                .inner
+                .per_key
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next_index = per_key.len() as u64;
+            let (index, n) = per_key.entry(key).or_insert((next_index, 0));
+            *n += 1;
+            (*index, *n - 1)
+        };
+        match (self.inner.plan)(Shot {
+            attempt,
+            key_attempt,
+            key_index,
+        }) {
             Fault::None => next.run(req, extensions).await,
             Fault::Delay(d) => {
                 self.inner.delays.fetch_add(1, Ordering::SeqCst);

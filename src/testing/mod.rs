@@ -9,21 +9,27 @@
 //! - [`Executions`]: a counter of handler executions, and [`charges`], a small charge
 //!   API (the one `examples/charge_server.rs` serves) that counts them.
 //!
-//! ```no_run
+//! ```
+//! use idemkey::client::{ClientBuilder, ResponseExt};
 //! use idemkey::server::{Engine, IdempotencyLayer};
 //! use idemkey::store::MemoryStore;
-//! use idemkey::testing::{Fault, FaultInjector, TestServer, charges};
+//! use idemkey::testing::{Fault, FaultInjector, TestServer, charges::ChargeApp};
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
-//! let app = charges::ChargeApp::new(layer);
+//! let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
 //! let server = TestServer::start(app.router()).await?;
 //!
-//! // Lose every other response after the server processed it.
-//! let faults = FaultInjector::new(|attempt: u64| if attempt % 2 == 0 { Fault::LoseResponse } else { Fault::None });
-//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(faults.clone()).build();
-//! let _ = client.post(server.url("/v1/charges")).header("idempotency-key", "k1")
-//!     .header("content-type", "application/json").body(r#"{"amount":100}"#).send().await;
-//! assert_eq!(app.executions().count(), 1);
+//! // Lose the response to every key's first attempt, after the server processed it.
+//! let faults = FaultInjector::new(|shot| if shot.key_attempt == 0 { Fault::LoseResponse } else { Fault::None });
+//! let client = ClientBuilder::new(reqwest::Client::new()).with_inner(faults.clone()).build();
+//!
+//! let resp = client.post(server.url("/v1/charges"))
+//!     .header("content-type", "application/json")
+//!     .body(r#"{"amount":100}"#)
+//!     .send()
+//!     .await?;
+//! let info = resp.idempotency().expect("POST gets a key");
+//! assert_eq!((info.attempts(), info.replayed()), (2, true));
+//! assert_eq!(app.executions().count(), 1, "charged once although a response was lost");
 //! assert_eq!(faults.stats().lost_responses, 1);
 //! # Ok(()) }
 //! ```
@@ -32,7 +38,7 @@ pub mod charges;
 mod faults;
 mod server;
 
-pub use faults::{Fault, FaultInjector, FaultStats};
+pub use faults::{Fault, FaultInjector, FaultStats, Shot};
 pub use server::TestServer;
 
 use std::sync::Arc;
