@@ -17,6 +17,8 @@
 //! responses with a stable `type` per case.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod headers;
 pub mod key;
 

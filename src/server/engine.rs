@@ -14,9 +14,11 @@ use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
 
 /// Default lease of a claim: how long a crashed owner blocks its key.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
 /// Default retention of a completed record (API calls).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default cap of the `Retry-After` of a `409 in-progress`.
+pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Default `Retry-After` of a `503 store-unavailable`.
 pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
 
@@ -60,6 +62,7 @@ struct Config {
     fail_open: bool,
     key_reused_status: StatusCode,
     unavailable_retry_after: Duration,
+    in_progress_retry_after: Duration,
 }
 
 impl std::fmt::Debug for Engine {
@@ -98,6 +101,7 @@ pub struct EngineBuilder {
     fail_open: bool,
     key_reused_status: StatusCode,
     unavailable_retry_after: Duration,
+    in_progress_retry_after: Duration,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -110,7 +114,7 @@ impl std::fmt::Debug for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// How long a claim holds its key unless renewed (default 10 s). A crashed owner
+    /// How long a claim holds its key unless renewed (default 5 s). A crashed owner
     /// blocks its key for at most this long; then the next request takes it over.
     /// Values under 1 ms are raised to 1 ms.
     pub fn lease(mut self, lease: Duration) -> Self {
@@ -151,6 +155,17 @@ impl EngineBuilder {
         self
     }
 
+    /// The longest `Retry-After` of `409 in-progress` answers (default 1 s).
+    ///
+    /// A `409` advises the remaining lease of the running request, capped by this: the
+    /// owner renews its lease while it runs, so the remaining lease stays close to the
+    /// full lease and says little about when the answer will be ready. Set
+    /// `Duration::MAX` to advise the remaining lease as it is.
+    pub fn in_progress_retry_after(mut self, max: Duration) -> Self {
+        self.in_progress_retry_after = max;
+        self
+    }
+
     /// The `Retry-After` of `503 store-unavailable` answers (default 2 s).
     pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
         self.unavailable_retry_after = after;
@@ -173,13 +188,14 @@ impl EngineBuilder {
                 fail_open: self.fail_open,
                 key_reused_status: self.key_reused_status,
                 unavailable_retry_after: self.unavailable_retry_after,
+                in_progress_retry_after: self.in_progress_retry_after,
             }),
         }
     }
 }
 
 impl Engine {
-    /// An engine over `store` with the defaults: lease 10 s renewed every 3.3 s,
+    /// An engine over `store` with the defaults: lease 5 s renewed every 1.7 s,
     /// retention 24 h, fail closed, `422` on a reused key.
     #[must_use]
     pub fn new(store: impl Store) -> Self {
@@ -208,6 +224,7 @@ impl Engine {
             fail_open: false,
             key_reused_status: StatusCode::UNPROCESSABLE_ENTITY,
             unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
+            in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
         }
     }
 
@@ -233,7 +250,8 @@ impl Engine {
     ///
     /// # Errors
     /// A [`Rejection`]: `key-reused` when the key is held or completed with another
-    /// fingerprint, `in-progress` (with the remaining lease as `Retry-After`) when
+    /// fingerprint, `in-progress` (with the remaining lease as `Retry-After`, capped by
+    /// [`EngineBuilder::in_progress_retry_after`]) when
     /// another request holds it, `store-unavailable` when the store failed (unless the
     /// engine fails open).
     pub async fn begin(
@@ -283,7 +301,7 @@ impl Engine {
             }) => Err(if held != fingerprint {
                 Rejection::key_reused(self.cfg.key_reused_status)
             } else {
-                Rejection::in_progress(lease_remaining)
+                Rejection::in_progress(lease_remaining.min(self.cfg.in_progress_retry_after))
             }),
             Ok(Claim::Completed {
                 fingerprint: held,

@@ -135,7 +135,7 @@ impl ExtractKey for HeaderKey {
     }
 
     fn describe(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("the `{}` header", self.name))
+        Cow::Owned(format!("the `{}` header", title_case(self.name.as_str())))
     }
 }
 
@@ -202,4 +202,17 @@ impl ExtractScope for HeaderScope {
         }
         Ok(out)
     }
+}
+
+/// `idempotency-key` as `Idempotency-Key`, for messages.
+fn title_case(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut c = part.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join("-")
 }

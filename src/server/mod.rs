@@ -16,7 +16,7 @@
 //! | first request for (scope, key) | the handler's response; the [`OutcomePolicy`] decides whether it is kept | once |
 //! | same (scope, key) and fingerprint, completed | the stored response: same status, body bytes and stored headers, plus `Idempotent-Replayed: true` | no |
 //! | same (scope, key), different fingerprint | 422 `key-reused` (400 with [`EngineBuilder::stripe_compatible`]) | no |
-//! | same (scope, key), first request still running | 409 `in-progress` with `Retry-After` (the remaining lease) | no |
+//! | same (scope, key), first request still running | 409 `in-progress` with `Retry-After` (the remaining lease, capped at 1 s by default) | no |
 //! | first request's owner died (lease expired) | the next request takes the key over with a new fencing token; the dead owner can no longer write | once more |
 //! | store unreachable or failing | 503 `store-unavailable` with `Retry-After`; with [`EngineBuilder::fail_open`] the handler runs unguarded | no |
 //! | response larger than the storage limit | sent to its caller; retries get 410 `response-not-stored` | no (not again) |
@@ -34,7 +34,7 @@
 //!
 //! # Leases, renewal, retention
 //!
-//! A claim holds a short lease ([`EngineBuilder::lease`], default 10 s) that the engine
+//! A claim holds a short lease ([`EngineBuilder::lease`], default 5 s) that the engine
 //! renews every third of it while the handler runs. If the process dies, the lease runs
 //! out and the next request takes the key over; the dead owner's fencing token can no
 //! longer complete, renew or release it. A completed record is kept for the retention
@@ -67,8 +67,8 @@ mod rejection;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use engine::{
-    Begin, DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine,
-    EngineBuilder, Execution,
+    Begin, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
+    DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder, Execution,
 };
 pub use extract::{ExtractKey, ExtractScope, HeaderKey, HeaderScope, Unscoped};
 pub use layer::{

@@ -1,7 +1,73 @@
-//! Test support (feature `test-util`).
+//! Helpers for pairing the client half with the verifier in tests (feature `test-util`).
 //!
+//! - [`TestServer`]: serve an axum app (wrapped in the verifier) on `127.0.0.1`, on a
+//!   free port.
+//! - [`FaultInjector`]: a `reqwest_middleware` middleware that, by a deterministic
+//!   plan, loses a response after the server processed the request, delays a request,
+//!   or resets the connection before the request arrives. Put it inside the client's
+//!   retry loop (`idemkey::client::ClientBuilder::with_inner`) so every attempt meets it.
+//! - [`Executions`]: a counter of handler executions, and [`charges`], a small charge
+//!   API (the one `examples/charge_server.rs` serves) that counts them.
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
 //!   and third-party [`Store`](crate::store::Store) implementations can run it from
 //!   their own tests.
+//!
+//! ```
+//! use idemkey::client::{ClientBuilder, ResponseExt};
+//! use idemkey::server::{Engine, IdempotencyLayer};
+//! use idemkey::store::MemoryStore;
+//! use idemkey::testing::{Fault, FaultInjector, TestServer, charges::ChargeApp};
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
+//! let server = TestServer::start(app.router()).await?;
+//!
+//! // Lose the response to every key's first attempt, after the server processed it.
+//! let faults = FaultInjector::new(|shot| if shot.key_attempt == 0 { Fault::LoseResponse } else { Fault::None });
+//! let client = ClientBuilder::new(reqwest::Client::new()).with_inner(faults.clone()).build();
+//!
+//! let resp = client.post(server.url("/v1/charges"))
+//!     .header("content-type", "application/json")
+//!     .body(r#"{"amount":100}"#)
+//!     .send()
+//!     .await?;
+//! let info = resp.idempotency().expect("POST gets a key");
+//! assert_eq!((info.attempts(), info.replayed()), (2, true));
+//! assert_eq!(app.executions().count(), 1, "charged once although a response was lost");
+//! assert_eq!(faults.stats().lost_responses, 1);
+//! # Ok(()) }
+//! ```
 
+pub mod charges;
 pub mod conformance;
+mod faults;
+mod server;
+
+pub use faults::{Fault, FaultInjector, FaultStats, Shot};
+pub use server::TestServer;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counts handler executions; clones share the count.
+///
+/// ```
+/// let e = idemkey::testing::Executions::default();
+/// let seen = e.clone();
+/// e.record();
+/// assert_eq!(seen.count(), 1);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Executions(Arc<AtomicU64>);
+
+impl Executions {
+    /// Counts one execution and returns the new total.
+    pub fn record(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Executions so far.
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}

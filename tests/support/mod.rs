@@ -1,6 +1,10 @@
-//! Real-server test support: connection strings of the shared servers, unique names for
-//! isolation, and private server processes that a test may kill.
 #![allow(dead_code, unreachable_pub)]
+//! Real servers on 127.0.0.1 for the integration tests. Each test binary uses part of it:
+//! connection strings of the shared stores, unique names for isolation, private server
+//! processes that a test may kill, verifier apps.
+
+pub(crate) mod recorder;
+pub(crate) mod verifier;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

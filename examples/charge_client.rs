@@ -1,0 +1,134 @@
+//! Sends N charges through the default client stack and prints one JSON line each.
+//!
+//! ```sh
+//! cargo run --example charge_client -- --url http://127.0.0.1:3000/charges --count 3
+//! cargo run --example charge_client -- --url URL --count 3 --operation nightly-batch
+//! ```
+//!
+//! Without `--operation` every request gets a fresh random UUID v4 key. With
+//! `--operation NAME` the key of request i is derived (UUID v5) from NAME and i, so
+//! rerunning the same command sends the same keys, and a verifier replays instead of
+//! charging again.
+//!
+//! Each line: `{"key": "...", "status": 200, "attempts": 1, "replayed": false,
+//! "error": null}`; `status` is null when no response came, `error` is null or a stable
+//! snake_case kind (`key_reused`, `conflict`, `outcome_unknown`, `invalid_key`,
+//! `body_not_replayable`, `unexpected_status` for any other non-2xx answer,
+//! `transport` for an error outside idemkey). Exits 0 when every request succeeded.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
+use serde_json::json;
+
+/// One output line; fields in the documented order.
+#[derive(serde::Serialize)]
+struct Line {
+    key: Option<String>,
+    status: Option<u16>,
+    attempts: u32,
+    replayed: bool,
+    error: Option<&'static str>,
+}
+
+struct Args {
+    url: String,
+    count: u32,
+    operation: Option<String>,
+}
+
+const USAGE: &str = "usage: charge_client --url URL [--count N] [--operation NAME]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut url = None;
+    let mut count = 1;
+    let mut operation = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or(format!("{arg} needs a value; {USAGE}"));
+        match arg.as_str() {
+            "--url" => url = Some(value()?),
+            "--count" => {
+                let v = value()?;
+                count = v
+                    .parse()
+                    .map_err(|_| format!("--count {v}: not a number; {USAGE}"))?;
+            }
+            "--operation" => operation = Some(value()?),
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other}; {USAGE}")),
+        }
+    }
+    let url = url.ok_or(format!("--url is required; {USAGE}"))?;
+    Ok(Args {
+        url,
+        count,
+        operation,
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let client = ClientBuilder::new(reqwest::Client::new()).build();
+    let mut all_ok = true;
+    let mut out = std::io::stdout().lock();
+    for i in 0..args.count {
+        let body = json!({"amount": 1000, "currency": "eur", "reference": format!("charge-{i}")});
+        let mut request = client.post(&args.url).json(&body);
+        if let Some(operation) = &args.operation {
+            request = request.derive_idempotency_key(operation, &i);
+        }
+        let line = match request.send().await {
+            Ok(response) => {
+                let info = response.idempotency();
+                let ok = response.status().is_success();
+                Line {
+                    key: info.map(|i| i.key().to_string()),
+                    status: Some(response.status().as_u16()),
+                    attempts: info.map_or(1, |i| i.attempts()),
+                    replayed: info.is_some_and(|i| i.replayed()),
+                    error: (!ok).then_some("unexpected_status"),
+                }
+            }
+            Err(err) => match Error::from_middleware(&err) {
+                Some(e) => Line {
+                    key: e.key().map(ToString::to_string),
+                    status: e.status().map(|s| s.as_u16()),
+                    attempts: e.attempts(),
+                    replayed: e
+                        .response()
+                        .and_then(|r| r.idempotency())
+                        .is_some_and(|i| i.replayed()),
+                    error: Some(e.kind_str()),
+                },
+                None => Line {
+                    key: None,
+                    status: None,
+                    attempts: 1,
+                    replayed: false,
+                    error: Some("transport"),
+                },
+            },
+        };
+        all_ok &= line.error.is_none();
+        let Ok(line) = serde_json::to_string(&line) else {
+            return ExitCode::FAILURE;
+        };
+        if writeln!(out, "{line}").is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

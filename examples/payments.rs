@@ -1,0 +1,147 @@
+//! The main demo: a client and a verifier paired over loopback, with injected faults.
+//!
+//! ```sh
+//! cargo run --example payments
+//! ```
+//!
+//! Starts the charge API (`examples/charge_server.rs`) in-process on the in-memory store,
+//! puts a fault injector between client and server that loses some responses after the
+//! server processed them, delays others and resets a few connections, and sends a batch
+//! of charges through the default client stack. Every lost response is retried with the
+//! same key and answered by a replay, so each charge is created exactly once. The last
+//! line is `operations=N attempts=M executions=E replays=R`, with E equal to N.
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use idemkey::client::{ClientBuilder, Error, ResponseExt};
+use idemkey::server::{Engine, IdempotencyLayer};
+use idemkey::store::MemoryStore;
+use idemkey::testing::charges::ChargeApp;
+use idemkey::testing::{Fault, FaultInjector, TestServer};
+
+const OPERATIONS: u64 = 24;
+
+/// Deterministic faults by the order in which keys first reach the injector: of every
+/// 12 charges, 4 lose their first response after the server processed it (one of them
+/// loses the second too), 2 are delayed, 2 have their first connection reset.
+fn plan(charge: u64, key_attempt: u32) -> Fault {
+    match (key_attempt, charge % 12) {
+        (0, 0 | 3 | 6 | 9) => Fault::LoseResponse,
+        (0, 4 | 8) => Fault::Delay(Duration::from_millis(30)),
+        (0, 5 | 10) => Fault::Reset,
+        (1, 9) => Fault::LoseResponse,
+        _ => Fault::None,
+    }
+}
+
+struct Outcome {
+    amount: u64,
+    id: Option<String>,
+    attempts: u32,
+    replayed: bool,
+    error: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
+    let server = match TestServer::start(app.router()).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot start the charge server on 127.0.0.1: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let faults = FaultInjector::new(|shot| plan(shot.key_index, shot.key_attempt));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with_inner(faults.clone())
+        .build();
+    let url = server.url("/v1/charges");
+
+    println!("charging {OPERATIONS} payments through {url} with injected faults...");
+    let runs = (0..OPERATIONS).map(|i| {
+        let (client, url) = (&client, &url);
+        async move {
+            let amount = 1000 + i;
+            let sent = client
+                .post(url)
+                .header("authorization", "Bearer demo-merchant")
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"amount":{amount}}}"#))
+                .send()
+                .await;
+            match sent {
+                Ok(resp) => {
+                    let (attempts, replayed) = resp
+                        .idempotency()
+                        .map_or((1, false), |i| (i.attempts(), i.replayed()));
+                    let status = resp.status();
+                    let body: serde_json::Value = resp
+                        .bytes()
+                        .await
+                        .ok()
+                        .and_then(|b| serde_json::from_slice(&b).ok())
+                        .unwrap_or_default();
+                    Outcome {
+                        amount,
+                        id: body["id"].as_str().map(str::to_owned),
+                        attempts,
+                        replayed,
+                        error: (!status.is_success()).then(|| format!("HTTP {status}")),
+                    }
+                }
+                Err(err) => Outcome {
+                    amount,
+                    id: None,
+                    attempts: Error::from_middleware(&err).map_or(1, Error::attempts),
+                    replayed: false,
+                    error: Some(
+                        Error::from_middleware(&err)
+                            .map_or_else(|| err.to_string(), |e| format!("{}: {e}", e.kind_str())),
+                    ),
+                },
+            }
+        }
+    });
+    let outcomes = join_all(runs).await;
+
+    for o in &outcomes {
+        let what = match (&o.id, &o.error) {
+            (_, Some(e)) => format!("FAILED {e}"),
+            (Some(id), None) => id.clone(),
+            (None, None) => "no id".to_owned(),
+        };
+        let note = if o.replayed {
+            "  (response lost, retried, replayed)"
+        } else if o.attempts > 1 {
+            "  (retried)"
+        } else {
+            ""
+        };
+        println!(
+            "  amount {:>5}  ->  {what:<8} attempts={}{note}",
+            o.amount, o.attempts
+        );
+    }
+    let stats = faults.stats();
+    println!(
+        "faults: {} responses lost after processing, {} delays, {} connection resets",
+        stats.lost_responses, stats.delays, stats.resets
+    );
+    let operations = outcomes.len();
+    let attempts: u64 = outcomes.iter().map(|o| u64::from(o.attempts)).sum();
+    let executions = app.executions().count();
+    let replays = outcomes.iter().filter(|o| o.replayed).count();
+    let failed = outcomes.iter().filter(|o| o.error.is_some()).count();
+    println!(
+        "operations={operations} attempts={attempts} executions={executions} replays={replays}"
+    );
+    if failed == 0 && executions == operations as u64 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

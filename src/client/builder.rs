@@ -1,0 +1,172 @@
+//! One builder call for the whole client stack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use reqwest_middleware::{ClientWithMiddleware, Middleware};
+use reqwest_retry::RetryableStrategy;
+use retry_policies::RetryPolicy;
+
+use super::middleware::{HeaderPreset, IdempotencyKeyMiddleware};
+use super::retry::RetryMiddleware;
+
+/// Assembles the client stack in the right order, with good defaults:
+///
+/// ```text
+/// with(..)  middlewares      once per logical request
+/// IdempotencyKeyMiddleware   fixes the key (once per logical request)
+/// RetryMiddleware            attempts, backoff, Retry-After, deadline, typed errors
+/// with_inner(..) middlewares once per attempt, closest to the wire
+/// reqwest::Client
+/// ```
+///
+/// Defaults: `Idempotency-Key` on POST and PATCH; up to 3 retries with exponential
+/// backoff (100 ms to 10 s, jittered); `Retry-After` honoured up to 30 s; no overall
+/// deadline.
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkey::client::{ClientBuilder, HeaderPreset};
+///
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .header_preset(HeaderPreset::PayPal)
+///     .max_retries(5)
+///     .retry_after_cap(Duration::from_secs(10))
+///     .deadline(Duration::from_secs(60))
+///     .build();
+/// ```
+pub struct ClientBuilder {
+    client: reqwest::Client,
+    key: IdempotencyKeyMiddleware,
+    retry: RetryMiddleware,
+    outer: Vec<Arc<dyn Middleware>>,
+    inner: Vec<Arc<dyn Middleware>>,
+}
+
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("key", &self.key)
+            .field("retry", &self.retry)
+            .field("outer", &self.outer.len())
+            .field("inner", &self.inner.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ClientBuilder {
+    /// A builder over `reqwest::Client::new()`.
+    fn default() -> Self {
+        Self::new(reqwest::Client::new())
+    }
+}
+
+impl ClientBuilder {
+    /// A builder over your `reqwest::Client` (its timeouts, TLS and pool settings
+    /// apply to every attempt).
+    #[must_use]
+    pub fn new(client: reqwest::Client) -> Self {
+        Self {
+            client,
+            key: IdempotencyKeyMiddleware::default(),
+            retry: RetryMiddleware::default(),
+            outer: Vec::new(),
+            inner: Vec::new(),
+        }
+    }
+
+    /// Sends the key under this header name.
+    #[must_use]
+    pub fn header_name(mut self, name: HeaderName) -> Self {
+        self.key = self.key.header_name(name.clone());
+        self.retry = self.retry.header_name(name);
+        self
+    }
+
+    /// Sends the key under a vendor's header name.
+    #[must_use]
+    pub fn header_preset(self, preset: HeaderPreset) -> Self {
+        self.header_name(preset.header_name())
+    }
+
+    /// The methods that get a generated key (POST and PATCH by default).
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.key = self.key.methods(methods);
+        self
+    }
+
+    /// When and how often to retry: any `retry_policies::RetryPolicy`.
+    #[must_use]
+    pub fn retry_policy(mut self, policy: impl RetryPolicy + Send + Sync + 'static) -> Self {
+        self.retry = self.retry.policy(policy);
+        self
+    }
+
+    /// The default backoff (100 ms to 10 s, jittered) with this many retries; 0 sends
+    /// every request once.
+    #[must_use]
+    pub fn max_retries(self, retries: u32) -> Self {
+        let mut policy = super::retry::default_policy();
+        policy.max_n_retries = Some(retries);
+        self.retry_policy(policy)
+    }
+
+    /// Which answers are retried (default [`IdempotentRetryStrategy`](super::IdempotentRetryStrategy)).
+    #[must_use]
+    pub fn retryable_strategy(
+        mut self,
+        strategy: impl RetryableStrategy + Send + Sync + 'static,
+    ) -> Self {
+        self.retry = self.retry.strategy(strategy);
+        self
+    }
+
+    /// The longest wait a server's `Retry-After` can ask for (default 30 s).
+    #[must_use]
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.retry = self.retry.retry_after_cap(cap);
+        self
+    }
+
+    /// An overall deadline per logical request, all attempts and waits included. When it
+    /// passes, a keyed request fails with
+    /// [`Error::is_outcome_unknown`](super::Error::is_outcome_unknown).
+    #[must_use]
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.retry = self.retry.deadline(deadline);
+        self
+    }
+
+    /// Adds a middleware that runs once per logical request, outside the key and retry
+    /// middlewares (logging, tracing spans, auth that must not change between attempts).
+    #[must_use]
+    pub fn with(mut self, middleware: impl Middleware) -> Self {
+        self.outer.push(Arc::new(middleware));
+        self
+    }
+
+    /// Adds a middleware that runs once per attempt, closest to the wire, inside the
+    /// retry loop (fault injectors, per-attempt metrics). It sees the key header and
+    /// can read [`Attempt`](super::Attempt) from the extensions.
+    #[must_use]
+    pub fn with_inner(mut self, middleware: impl Middleware) -> Self {
+        self.inner.push(Arc::new(middleware));
+        self
+    }
+
+    /// Assembles the stack.
+    #[must_use]
+    pub fn build(self) -> ClientWithMiddleware {
+        let mut builder = reqwest_middleware::ClientBuilder::new(self.client);
+        for m in self.outer {
+            builder = builder.with_arc(m);
+        }
+        builder = builder.with(self.key).with(self.retry);
+        for m in self.inner {
+            builder = builder.with_arc(m);
+        }
+        builder.build()
+    }
+}

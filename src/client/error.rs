@@ -1,0 +1,252 @@
+//! The client half's error type.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use reqwest::{Response, StatusCode};
+
+use crate::{IdempotencyKey, InvalidKey};
+
+/// What went wrong with a keyed request, with the key and, where the server answered,
+/// its last response.
+///
+/// Opaque like [`reqwest::Error`]: ask it with the `is_*()` methods, or read
+/// [`Error::kind_str`] for a stable snake_case name (for logs and JSON). It travels
+/// through [`reqwest_middleware::Error::Middleware`]; get it back with
+/// [`Error::from_middleware`] (borrowed) or [`Error::try_from_middleware`] (owned, to
+/// take the response out).
+///
+/// ```
+/// use idemkey::client::Error;
+///
+/// fn describe(err: &reqwest_middleware::Error) -> String {
+///     match Error::from_middleware(err) {
+///         Some(e) if e.is_outcome_unknown() => {
+///             format!("retry later with key {}", e.key().map(|k| k.as_str()).unwrap_or("?"))
+///         }
+///         Some(e) => format!("{}: {e}", e.kind_str()),
+///         None => format!("transport: {err}"),
+///     }
+/// }
+/// ```
+pub struct Error(Box<Inner>);
+
+struct Inner {
+    kind: Kind,
+    attempts: u32,
+    response: Option<Response>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Kind {
+    #[error(
+        "the server already used idempotency key {key} for a different request (HTTP {status}); \
+         send a new key for a new operation, or resend the original payload to get its outcome"
+    )]
+    KeyReused {
+        key: IdempotencyKey,
+        status: StatusCode,
+    },
+    #[error(
+        "the request with idempotency key {key} was still in progress on the server after the \
+         last attempt (HTTP 409); retry later with the same key to get its outcome"
+    )]
+    Conflict { key: IdempotencyKey },
+    #[error(
+        "no final answer for idempotency key {key} ({cause}); the server may or may not have \
+         executed the request: retry later with the same key to find out without executing it twice"
+    )]
+    OutcomeUnknown {
+        key: IdempotencyKey,
+        cause: String,
+        #[source]
+        source: Option<reqwest_middleware::Error>,
+    },
+    #[error("{source}; nothing was sent")]
+    InvalidKey {
+        #[source]
+        source: InvalidKey,
+    },
+    #[error(
+        "the body of the request with idempotency key {key} is a stream and cannot be sent \
+         again, so the request cannot be retried safely; nothing was sent: buffer the body \
+         (Bytes, String, Vec<u8>, json) or opt out of the key for this call"
+    )]
+    BodyNotReplayable { key: IdempotencyKey },
+}
+
+impl Error {
+    pub(crate) fn new(kind: Kind, attempts: u32, response: Option<Response>) -> Self {
+        Self(Box::new(Inner {
+            kind,
+            attempts,
+            response,
+        }))
+    }
+
+    pub(crate) fn invalid_key(source: InvalidKey) -> Self {
+        Self::new(Kind::InvalidKey { source }, 0, None)
+    }
+
+    /// The server rejected the key because it was used before for a request with a
+    /// different payload (HTTP 422, or 400 `key-reused` from a Stripe-compatible
+    /// server). Not retried: the same request can never succeed with this key.
+    #[must_use]
+    pub fn is_key_reused(&self) -> bool {
+        matches!(self.0.kind, Kind::KeyReused { .. })
+    }
+
+    /// The server still answered 409 (an earlier request with this key is in progress)
+    /// when the retries ran out. Retry later with the same key.
+    #[must_use]
+    pub fn is_conflict(&self) -> bool {
+        matches!(self.0.kind, Kind::Conflict { .. })
+    }
+
+    /// No final answer came: transport errors, timeouts, 5xx, 408 or 429 outlasted the
+    /// retries or the deadline. The server may have executed the request; retry later
+    /// with [`Error::key`] to learn the outcome without executing it twice.
+    #[must_use]
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self.0.kind, Kind::OutcomeUnknown { .. })
+    }
+
+    /// The key (from a header or a per-request option) is not 1 to 255 visible ASCII
+    /// characters, or a key could not be derived from the payload. Nothing was sent.
+    #[must_use]
+    pub fn is_invalid_key(&self) -> bool {
+        matches!(self.0.kind, Kind::InvalidKey { .. })
+    }
+
+    /// The request body is a stream, which cannot be sent twice, so a keyed request
+    /// with it cannot be retried. Nothing was sent.
+    #[must_use]
+    pub fn is_body_not_replayable(&self) -> bool {
+        matches!(self.0.kind, Kind::BodyNotReplayable { .. })
+    }
+
+    /// The idempotency key of the request, if it had a valid one: use it to retry the
+    /// same operation later.
+    #[must_use]
+    pub fn key(&self) -> Option<&IdempotencyKey> {
+        match &self.0.kind {
+            Kind::KeyReused { key, .. }
+            | Kind::Conflict { key }
+            | Kind::OutcomeUnknown { key, .. }
+            | Kind::BodyNotReplayable { key } => Some(key),
+            Kind::InvalidKey { .. } => None,
+        }
+    }
+
+    /// How many attempts were sent (0 when the request was refused before sending).
+    #[must_use]
+    pub fn attempts(&self) -> u32 {
+        self.0.attempts
+    }
+
+    /// A stable snake_case name of the kind: `key_reused`, `conflict`,
+    /// `outcome_unknown`, `invalid_key` or `body_not_replayable`.
+    #[must_use]
+    pub fn kind_str(&self) -> &'static str {
+        match self.0.kind {
+            Kind::KeyReused { .. } => "key_reused",
+            Kind::Conflict { .. } => "conflict",
+            Kind::OutcomeUnknown { .. } => "outcome_unknown",
+            Kind::InvalidKey { .. } => "invalid_key",
+            Kind::BodyNotReplayable { .. } => "body_not_replayable",
+        }
+    }
+
+    /// The status of the server's last answer, if one came.
+    #[must_use]
+    pub fn status(&self) -> Option<StatusCode> {
+        self.0.response.as_ref().map(Response::status)
+    }
+
+    /// The server's last answer, if one came (its body has not been read).
+    #[must_use]
+    pub fn response(&self) -> Option<&Response> {
+        self.0.response.as_ref()
+    }
+
+    /// Takes the server's last answer out, to read its body (a problem document).
+    #[must_use]
+    pub fn into_response(self) -> Option<Response> {
+        self.0.response
+    }
+
+    /// Finds this crate's error inside a [`reqwest_middleware::Error`], also when
+    /// another middleware (such as `reqwest_retry::RetryTransientMiddleware`) wrapped it.
+    #[must_use]
+    pub fn from_middleware(err: &reqwest_middleware::Error) -> Option<&Error> {
+        match err {
+            reqwest_middleware::Error::Middleware(inner) => {
+                let inner: &(dyn StdError + 'static) = inner.as_ref();
+                find(inner)
+            }
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// Takes this crate's error out of a [`reqwest_middleware::Error`] that holds it
+    /// directly, or gives the error back unchanged.
+    ///
+    /// # Errors
+    /// The original error when it does not hold an [`Error`] at its top level.
+    pub fn try_from_middleware(
+        err: reqwest_middleware::Error,
+    ) -> Result<Error, reqwest_middleware::Error> {
+        match err {
+            reqwest_middleware::Error::Middleware(inner) => inner
+                .downcast::<Error>()
+                .map_err(reqwest_middleware::Error::Middleware),
+            other => Err(other),
+        }
+    }
+}
+
+fn find<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a Error> {
+    if let Some(ours) = err.downcast_ref::<Error>() {
+        return Some(ours);
+    }
+    // `reqwest_middleware::Error` is transparent: its `source()` skips the wrapped error.
+    if let Some(reqwest_middleware::Error::Middleware(inner)) =
+        err.downcast_ref::<reqwest_middleware::Error>()
+    {
+        let inner: &(dyn StdError + 'static) = inner.as_ref();
+        return find(inner);
+    }
+    err.source().and_then(find)
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.kind, f)?;
+        if self.0.attempts > 1 {
+            write!(f, " [{} attempts]", self.0.attempts)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.0.kind)
+            .field("attempts", &self.0.attempts)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.kind.source()
+    }
+}
+
+impl From<Error> for reqwest_middleware::Error {
+    fn from(err: Error) -> Self {
+        reqwest_middleware::Error::middleware(err)
+    }
+}

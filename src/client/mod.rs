@@ -1,0 +1,101 @@
+//! The client half: idempotency keys that stay fixed across retries.
+//!
+//! [`ClientBuilder`] assembles a [`reqwest_middleware::ClientWithMiddleware`] that
+//!
+//! - gives every POST and PATCH (the method set is configurable) an `Idempotency-Key`
+//!   (or a vendor's header name, see [`HeaderPreset`]): a random UUID v4, or the key you
+//!   set or derive per call with [`RequestBuilderExt`]; a key you set is never replaced;
+//! - retries connect errors, timeouts, dropped connections, 408, 429, 5xx and 409 (an
+//!   earlier request with the key is still running) **with the same key**, with
+//!   exponential backoff and jitter, honouring `Retry-After` (seconds or HTTP date,
+//!   capped) within an optional overall deadline; 400 and 422 are never retried, and a
+//!   POST or PATCH without a key is never retried;
+//! - tells you, on every response, the key, the number of attempts, and whether the
+//!   server replayed a stored response ([`ResponseExt::idempotency`]);
+//! - turns the cases you must handle into a typed [`Error`]: key reused with a different
+//!   payload, conflict that outlasted the retries, outcome unknown (with the key, so you
+//!   can retry later), invalid key, body that cannot be replayed.
+//!
+//! # Quick start
+//!
+//! ```
+//! use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # // A server that answers 503 to the first attempt of each key, then 200 replayed.
+//! # let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+//! # let app = axum::Router::new().route("/charges", axum::routing::post(
+//! #     move |headers: axum::http::HeaderMap| async move {
+//! #         let key = headers["idempotency-key"].to_str().unwrap_or_default().to_owned();
+//! #         if seen.lock().map(|mut s| s.insert(key)).unwrap_or(false) {
+//! #             (axum::http::StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "0")], "").into_response()
+//! #         } else {
+//! #             ([("idempotent-replayed", "true")], "{\"id\":\"ch_1\"}").into_response()
+//! #         }
+//! #     }));
+//! # use axum::response::IntoResponse;
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let base = format!("http://{}", listener.local_addr()?);
+//! # tokio::spawn(async move { axum::serve(listener, app).await });
+//! let client = ClientBuilder::new(reqwest::Client::new()).build();
+//!
+//! // A random key, fixed across the retry that the 503 causes.
+//! let response = client.post(format!("{base}/charges")).body(r#"{"amount":100}"#).send().await?;
+//! let info = response.idempotency().expect("POST requests get a key");
+//! assert_eq!(info.attempts(), 2);
+//! assert!(info.replayed());
+//!
+//! // A key derived from the operation and its payload: re-running sends the same key.
+//! let charge = serde_json::json!({"order": "o-42", "amount": 100});
+//! let result = client
+//!     .post(format!("{base}/charges"))
+//!     .derive_idempotency_key("create_charge", &charge)
+//!     .body(charge.to_string())
+//!     .send()
+//!     .await;
+//! match result {
+//!     Ok(response) => println!("charged, key {}", response.idempotency().expect("keyed").key()),
+//!     Err(err) => match Error::from_middleware(&err) {
+//!         Some(e) if e.is_outcome_unknown() => println!("retry later with key {:?}", e.key()),
+//!         Some(e) => println!("{}: {e}", e.kind_str()),
+//!         None => println!("{err}"),
+//!     },
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Where the key lives
+//!
+//! The key middleware stores the key it chose in the request's [`http::Extensions`].
+//! A retry middleware hands the same extensions to every attempt, so the key is reused
+//! whether [`IdempotencyKeyMiddleware`] runs outside the retry loop (as
+//! [`ClientBuilder`] places it) or inside `reqwest_retry::RetryTransientMiddleware` in a
+//! stack of your own.
+//!
+//! # Errors
+//!
+//! Middleware errors reach you inside [`reqwest_middleware::Error::Middleware`]; get
+//! this crate's [`Error`] back with [`Error::from_middleware`]. A non-success final
+//! answer of a keyed request becomes an [`Error`] that keeps the response
+//! ([`Error::response`]): 409 that outlasted the retries ([`Error::is_conflict`]), 422
+//! ([`Error::is_key_reused`]), 5xx/408/429 that outlasted them
+//! ([`Error::is_outcome_unknown`]). Other statuses (404, 401, ...) come back as
+//! ordinary responses.
+
+mod builder;
+mod error;
+mod middleware;
+mod request;
+mod response;
+mod retry;
+
+pub use builder::ClientBuilder;
+pub use error::Error;
+pub use middleware::{HeaderPreset, IdempotencyKeyMiddleware};
+pub use request::{Attempt, RequestBuilderExt};
+pub use response::{IdempotencyInfo, ResponseExt};
+pub use retry::{
+    DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy, RetryMiddleware, default_policy,
+};

@@ -1,0 +1,238 @@
+//! Deterministic fault injection between a client and a server.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest_middleware::{Middleware, Next};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use tokio::sync::OnceCell;
+
+/// What happens to one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The attempt goes through untouched.
+    None,
+    /// The request reaches the server and is processed completely (the response body
+    /// is read), then the response is dropped and the caller gets a connection error:
+    /// the case idempotency keys exist for.
+    LoseResponse,
+    /// The request waits this long before it is sent.
+    Delay(Duration),
+    /// The connection is reset before the request reaches the server: nothing is
+    /// processed, the caller gets a connection error.
+    Reset,
+}
+
+/// Which attempt the plan decides for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Shot {
+    /// The attempt's number across every request through the injector (from 0).
+    pub attempt: u64,
+    /// The attempt's number among the attempts carrying the same idempotency key
+    /// (from 0; requests without a key count as one key).
+    pub key_attempt: u32,
+    /// The key's number in the order the injector first saw each key (from 0).
+    pub key_index: u64,
+}
+
+/// What a [`FaultInjector`] did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FaultStats {
+    /// Attempts that passed through the injector.
+    pub attempts: u64,
+    /// Responses lost after the server processed the request.
+    pub lost_responses: u64,
+    /// Attempts delayed.
+    pub delays: u64,
+    /// Connections reset before the request reached the server.
+    pub resets: u64,
+}
+
+/// A `reqwest_middleware` middleware that injects [`Fault`]s by a deterministic plan: a
+/// function of the [`Shot`], the attempt's number overall and per idempotency key
+/// (counted by the `Idempotency-Key` header, across this injector and its clones).
+///
+/// Errors it injects are genuine `reqwest::Error`s from a connection that a loopback
+/// listener closes without answering, so retry strategies classify them like real
+/// network failures (transient).
+#[derive(Clone)]
+pub struct FaultInjector {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    plan: Box<dyn Fn(Shot) -> Fault + Send + Sync>,
+    per_key: Mutex<HashMap<Vec<u8>, (u64, u32)>>,
+    attempts: AtomicU64,
+    lost: AtomicU64,
+    delays: AtomicU64,
+    resets: AtomicU64,
+    dead_end: OnceCell<SocketAddr>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for FaultInjector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultInjector")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FaultInjector {
+    /// Injects `plan(shot)` into each attempt.
+    ///
+    /// ```
+    /// use idemkey::testing::{Fault, FaultInjector};
+    /// // Lose the response of every key's first attempt.
+    /// let f = FaultInjector::new(|s| if s.key_attempt == 0 { Fault::LoseResponse } else { Fault::None });
+    /// # let _ = f;
+    /// ```
+    pub fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                plan: Box::new(plan),
+                per_key: Mutex::new(HashMap::new()),
+                attempts: AtomicU64::new(0),
+                lost: AtomicU64::new(0),
+                delays: AtomicU64::new(0),
+                resets: AtomicU64::new(0),
+                dead_end: OnceCell::new(),
+                client: reqwest::Client::new(),
+            }),
+        }
+    }
+
+    /// Cycles through `faults`, one per attempt overall (no faults when empty).
+    #[must_use]
+    pub fn sequence(faults: Vec<Fault>) -> Self {
+        Self::new(move |shot| {
+            let n = shot.attempt;
+            let len = faults.len() as u64;
+            if len == 0 {
+                return Fault::None;
+            }
+            usize::try_from(n % len)
+                .ok()
+                .and_then(|i| faults.get(i).copied())
+                .unwrap_or(Fault::None)
+        })
+    }
+
+    /// What the injector did so far.
+    #[must_use]
+    pub fn stats(&self) -> FaultStats {
+        FaultStats {
+            attempts: self.inner.attempts.load(Ordering::SeqCst),
+            lost_responses: self.inner.lost.load(Ordering::SeqCst),
+            delays: self.inner.delays.load(Ordering::SeqCst),
+            resets: self.inner.resets.load(Ordering::SeqCst),
+        }
+    }
+
+    /// A connection error, made by a loopback listener that closes every connection
+    /// after reading the request head.
+    async fn connection_error(&self) -> reqwest_middleware::Error {
+        let addr = self
+            .inner
+            .dead_end
+            .get_or_try_init(|| async {
+                let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+                let addr = listener.local_addr()?;
+                tokio::spawn(async move {
+                    while let Ok((mut conn, _)) = listener.accept().await {
+                        tokio::spawn(async move {
+                            let mut buf = [0u8; 4096];
+                            let mut seen = Vec::new();
+                            while let Ok(n) = conn.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                seen.extend_from_slice(&buf[..n]);
+                                if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                                    break;
+                                }
+                            }
+                            // Dropped without an answer.
+                        });
+                    }
+                });
+                Ok::<_, std::io::Error>(addr)
+            })
+            .await;
+        let addr = match addr {
+            Ok(a) => *a,
+            Err(e) => return reqwest_middleware::Error::middleware(e),
+        };
+        match self
+            .inner
+            .client
+            .post(format!("http://{addr}/lost"))
+            .send()
+            .await
+        {
+            Err(e) => reqwest_middleware::Error::Reqwest(e),
+            Ok(_) => reqwest_middleware::Error::middleware(std::io::Error::other(
+                "fault injector: the dead-end listener answered",
+            )),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for FaultInjector {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let attempt = self.inner.attempts.fetch_add(1, Ordering::SeqCst);
+        let key = req
+            .headers()
+            .get(crate::headers::IDEMPOTENCY_KEY)
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_default();
+        let (key_index, key_attempt) = {
+            let mut per_key = self
+                .inner
+                .per_key
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next_index = per_key.len() as u64;
+            let (index, n) = per_key.entry(key).or_insert((next_index, 0));
+            *n += 1;
+            (*index, *n - 1)
+        };
+        match (self.inner.plan)(Shot {
+            attempt,
+            key_attempt,
+            key_index,
+        }) {
+            Fault::None => next.run(req, extensions).await,
+            Fault::Delay(d) => {
+                self.inner.delays.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(d).await;
+                next.run(req, extensions).await
+            }
+            Fault::Reset => {
+                self.inner.resets.fetch_add(1, Ordering::SeqCst);
+                Err(self.connection_error().await)
+            }
+            Fault::LoseResponse => {
+                let resp = next.run(req, extensions).await?;
+                // Read it all: the server has finished with this request.
+                let _ = resp.bytes().await;
+                self.inner.lost.fetch_add(1, Ordering::SeqCst);
+                Err(self.connection_error().await)
+            }
+        }
+    }
+}

@@ -1,0 +1,582 @@
+//! The client half against a real recording server on 127.0.0.1.
+
+mod support;
+
+use std::time::Duration;
+
+use idemkey::IdempotencyKey;
+use idemkey::client::{
+    Attempt, ClientBuilder, Error, HeaderPreset, IdempotencyKeyMiddleware, RequestBuilderExt,
+    ResponseExt,
+};
+use reqwest_middleware::ClientWithMiddleware;
+use reqwest_retry::RetryTransientMiddleware;
+use retry_policies::policies::ExponentialBackoff;
+use support::recorder::{Recorder, Reply};
+
+/// Backoff of a few milliseconds, so that real waits stay tiny.
+fn fast(retries: u32) -> ExponentialBackoff {
+    ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
+        .build_with_max_retries(retries)
+}
+
+fn client(retries: u32) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(retries))
+        .build()
+}
+
+fn charge() -> serde_json::Value {
+    serde_json::json!({"amount": 1000, "currency": "eur"})
+}
+
+/// POSTs the charge to the recorder's `/charges`.
+async fn post_charge(
+    client: &ClientWithMiddleware,
+    server: &Recorder,
+) -> reqwest_middleware::Result<reqwest::Response> {
+    client
+        .post(server.url("/charges"))
+        .json(&charge())
+        .send()
+        .await
+}
+
+fn ours(err: &reqwest_middleware::Error) -> &Error {
+    Error::from_middleware(err).unwrap_or_else(|| panic!("expected idemkey's error, got {err:?}"))
+}
+
+fn single_key(server: &Recorder) -> String {
+    let keys = server.keys();
+    let first = keys[0].clone().expect("the request carried a key");
+    assert!(
+        keys.iter().all(|k| k.as_deref() == Some(&*first)),
+        "every attempt carries the same key: {keys:?}"
+    );
+    first
+}
+
+#[tokio::test]
+async fn same_key_on_every_attempt() {
+    let server = Recorder::start([Reply::status(503), Reply::status(500), Reply::ok()]).await;
+    let response = post_charge(&client(3), &server)
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(response.status(), 200);
+
+    let records = server.records();
+    assert_eq!(records.len(), 3);
+    assert_eq!(
+        records.iter().map(|r| r.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    let key = single_key(&server);
+    assert!(records.iter().all(|r| r.body == records[0].body));
+
+    let info = response.idempotency().expect("a keyed response");
+    assert_eq!(info.key().as_str(), key);
+    assert_eq!(info.attempts(), 3);
+    assert!(!info.replayed());
+}
+
+#[tokio::test]
+async fn distinct_keys_for_distinct_logical_calls() {
+    let server = Recorder::start([]).await;
+    let client = client(0);
+    let calls = (0..32).map(|_| {
+        let client = client.clone();
+        let url = server.url("/charges");
+        async move { client.post(url).json(&charge()).send().await }
+    });
+    let responses = futures_util::future::join_all(calls).await;
+    let mut sent: Vec<String> = responses
+        .into_iter()
+        .map(|r| {
+            let r = r.expect("200");
+            r.idempotency().expect("keyed").key().as_str().to_owned()
+        })
+        .collect();
+    let mut seen: Vec<String> = server
+        .keys()
+        .into_iter()
+        .map(|k| k.expect("keyed"))
+        .collect();
+    sent.sort();
+    seen.sort();
+    assert_eq!(
+        sent, seen,
+        "the server saw exactly the keys the caller was told"
+    );
+    seen.dedup();
+    assert_eq!(seen.len(), 32, "32 logical calls, 32 keys");
+
+    // GET is not keyed by default; PATCH is.
+    client
+        .get(server.url("/charges"))
+        .send()
+        .await
+        .expect("GET");
+    client
+        .patch(server.url("/charges/1"))
+        .send()
+        .await
+        .expect("PATCH");
+    let records = server.records();
+    assert_eq!(records[32].key, None);
+    assert!(records[33].key.is_some());
+}
+
+#[tokio::test]
+async fn caller_keys_are_never_replaced() {
+    let server = Recorder::start([]).await;
+    let client = client(0);
+
+    // A header set by hand, in the sf-string form: sent untouched.
+    let response = client
+        .post(server.url("/a"))
+        .header("idempotency-key", "\"order-42\"")
+        .send()
+        .await
+        .expect("200");
+    assert_eq!(
+        response.idempotency().map(|i| i.key().as_str()),
+        Some("order-42")
+    );
+
+    // The header wins over a per-call option.
+    client
+        .post(server.url("/b"))
+        .header("idempotency-key", "from-header")
+        .idempotency_key(IdempotencyKey::new("from-option").expect("valid"))
+        .send()
+        .await
+        .expect("200");
+
+    // A per-call key is sent whatever the method.
+    client
+        .get(server.url("/c"))
+        .idempotency_key(IdempotencyKey::new("get-key").expect("valid"))
+        .send()
+        .await
+        .expect("200");
+
+    assert_eq!(
+        server.keys(),
+        [
+            Some("\"order-42\"".to_owned()),
+            Some("from-header".to_owned()),
+            Some("get-key".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn post_without_key_is_not_retried() {
+    let server = Recorder::start([Reply::status(503)]).await;
+    let response = client(3)
+        .post(server.url("/charges"))
+        .without_idempotency_key()
+        .send()
+        .await
+        .expect("the 503 comes back as a response");
+    assert_eq!(response.status(), 503);
+    assert!(response.idempotency().is_none());
+    assert_eq!(server.keys(), [None], "sent once, without a key");
+}
+
+#[tokio::test]
+async fn get_without_key_is_retried() {
+    let server = Recorder::start([Reply::status(503), Reply::ok()]).await;
+    let response = client(3)
+        .get(server.url("/charges/1"))
+        .send()
+        .await
+        .expect("200");
+    assert_eq!(response.status(), 200);
+    assert_eq!(server.keys(), [None, None]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_seconds_is_honoured() {
+    let server = Recorder::start([Reply::status(503).retry_after("20"), Reply::ok()]).await;
+    let response = post_charge(&client(3), &server).await.expect("200");
+    assert_eq!(response.idempotency().map(|i| i.attempts()), Some(2));
+    let records = server.records();
+    let gap = records[1].at - records[0].at;
+    assert!(gap >= Duration::from_secs(20), "waited {gap:?}, asked 20 s");
+    assert!(
+        gap < Duration::from_secs(30),
+        "the 5 ms backoff did not add up to {gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_http_date_is_honoured_and_capped() {
+    let in_an_hour =
+        httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3600));
+    let server = Recorder::start([Reply::status(429).retry_after(in_an_hour), Reply::ok()]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .retry_after_cap(Duration::from_secs(7))
+        .build();
+    post_charge(&client, &server).await.expect("200");
+    let records = server.records();
+    let gap = records[1].at - records[0].at;
+    assert!(
+        gap >= Duration::from_secs(7),
+        "waited {gap:?}, the cap is 7 s"
+    );
+    assert!(
+        gap < Duration::from_secs(3600),
+        "the cap bounds the wait: {gap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_stops_the_retries() {
+    let server = Recorder::start([Reply::status(503).retry_after("10")]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(5))
+        .deadline(Duration::from_secs(5))
+        .build();
+    let err = post_charge(&client, &server)
+        .await
+        .expect_err("the wait would pass the deadline");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    assert_eq!(server.records().len(), 1);
+}
+
+#[tokio::test]
+async fn conflict_then_success_is_reported_as_replay() {
+    let server = Recorder::start([Reply::in_progress(), Reply::ok().replayed()]).await;
+    let response = post_charge(&client(3), &server)
+        .await
+        .expect("the retry gets the stored answer");
+    let info = response.idempotency().expect("keyed");
+    assert_eq!(info.attempts(), 2);
+    assert!(info.replayed());
+    assert_eq!(info.key().as_str(), single_key(&server));
+}
+
+#[tokio::test]
+async fn conflict_that_outlasts_the_retries_is_typed() {
+    let server = Recorder::start(std::iter::repeat_n(Reply::in_progress(), 10)).await;
+    let err = post_charge(&client(2), &server)
+        .await
+        .expect_err("409 on every attempt");
+    let err = ours(&err);
+    assert!(err.is_conflict(), "{err}");
+    assert_eq!(err.kind_str(), "conflict");
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(
+        err.key().map(|k| k.as_str().to_owned()),
+        Some(single_key(&server))
+    );
+    let info = err
+        .response()
+        .and_then(|r| r.idempotency())
+        .expect("the response is kept");
+    assert_eq!(info.attempts(), 3);
+}
+
+#[tokio::test]
+async fn unprocessable_is_key_reused_after_one_attempt() {
+    let server = Recorder::start([Reply::status(422).body(r#"{"type":"key-reused"}"#)]).await;
+    let err = post_charge(&client(3), &server).await.expect_err("422");
+    let err = Error::try_from_middleware(err).expect("idemkey's error");
+    assert!(err.is_key_reused(), "{err}");
+    assert_eq!(err.kind_str(), "key_reused");
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(server.records().len(), 1, "never retried");
+    let body = err
+        .into_response()
+        .expect("the response is kept")
+        .text()
+        .await
+        .expect("body");
+    assert!(body.contains("key-reused"));
+}
+
+#[tokio::test]
+async fn bad_request_is_not_retried() {
+    let server = Recorder::start([Reply::status(400)]).await;
+    let response = post_charge(&client(3), &server)
+        .await
+        .expect("a 400 is an ordinary answer");
+    assert_eq!(response.status(), 400);
+    assert_eq!(server.records().len(), 1);
+}
+
+#[tokio::test]
+async fn stripe_style_400_key_reused_is_typed() {
+    let problem = |kind: &str| {
+        Reply::status(400)
+            .header("content-type", "application/problem+json")
+            .body(&format!(
+                r#"{{"type":"https://example.com/problems/{kind}"}}"#
+            ))
+    };
+    let server = Recorder::start([problem("key-reused"), problem("missing-field")]).await;
+    let err = post_charge(&client(3), &server)
+        .await
+        .expect_err("key reused");
+    let err = Error::try_from_middleware(err).expect("idemkey's error");
+    assert!(err.is_key_reused(), "{err}");
+    assert_eq!(err.attempts(), 1);
+    let response = err.into_response().expect("kept");
+    assert_eq!(response.url().as_str(), server.url("/charges"));
+    assert!(response.idempotency().is_some());
+    let body = response.text().await.expect("the body was kept");
+    assert!(body.ends_with(r#"key-reused"}"#), "{body}");
+
+    // Any other 400 problem is an ordinary answer, its body intact.
+    let response = post_charge(&client(3), &server)
+        .await
+        .expect("a 400 answer");
+    assert_eq!(response.status(), 400);
+    assert!(
+        response
+            .text()
+            .await
+            .expect("body")
+            .contains("missing-field")
+    );
+    assert_eq!(server.records().len(), 2);
+}
+
+#[tokio::test]
+async fn outcome_unknown_carries_the_key() {
+    let server = Recorder::start(std::iter::repeat_n(Reply::status(503), 10)).await;
+    let err = post_charge(&client(1), &server)
+        .await
+        .expect_err("503 twice");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.kind_str(), "outcome_unknown");
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(
+        err.key().map(|k| k.as_str().to_owned()),
+        Some(single_key(&server))
+    );
+}
+
+#[tokio::test]
+async fn connection_refused_is_retried_then_outcome_unknown() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let err = client(2)
+        .post(format!("http://{addr}/charges"))
+        .idempotency_key(IdempotencyKey::new("refused-1").expect("valid"))
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("nobody listens");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(err.key().map(IdempotencyKey::as_str), Some("refused-1"));
+    assert!(
+        std::error::Error::source(err).is_some(),
+        "the transport error is kept"
+    );
+}
+
+#[tokio::test]
+async fn streaming_body_is_refused_before_sending() {
+    let server = Recorder::start([]).await;
+    let body = reqwest::Body::wrap(http_body_util::Full::new(axum::body::Bytes::from("{}")));
+    let err = client(3)
+        .post(server.url("/charges"))
+        .body(body)
+        .send()
+        .await
+        .expect_err("a stream cannot be replayed");
+    let err = ours(&err);
+    assert!(err.is_body_not_replayable(), "{err}");
+    assert_eq!(err.kind_str(), "body_not_replayable");
+    assert_eq!(err.attempts(), 0);
+    assert!(err.key().is_some());
+    assert!(err.to_string().contains("nothing was sent"), "{err}");
+    assert!(server.records().is_empty(), "nothing was sent");
+}
+
+#[tokio::test]
+async fn invalid_keys_are_refused_before_sending() {
+    let server = Recorder::start([]).await;
+    let client = client(3);
+    let err = client
+        .post(server.url("/charges"))
+        .header("idempotency-key", "has space")
+        .send()
+        .await
+        .expect_err("invalid header key");
+    assert!(ours(&err).is_invalid_key(), "{err}");
+    assert_eq!(ours(&err).kind_str(), "invalid_key");
+    assert!(ours(&err).key().is_none());
+
+    let err = client
+        .post(server.url("/charges"))
+        .derive_idempotency_key("op", &f64::NAN)
+        .send()
+        .await
+        .expect_err("a NaN payload has no canonical JSON");
+    assert!(ours(&err).is_invalid_key(), "{err}");
+    assert!(server.records().is_empty(), "nothing was sent");
+}
+
+#[tokio::test]
+async fn derived_keys_repeat_for_the_same_operation_and_payload() {
+    let server = Recorder::start([]).await;
+    let client = client(0);
+    for payload in [
+        serde_json::json!({"amount": 1000, "currency": "eur"}),
+        serde_json::json!({"currency": "eur", "amount": 1000}),
+        serde_json::json!({"currency": "eur", "amount": 1001}),
+    ] {
+        client
+            .post(server.url("/charges"))
+            .derive_idempotency_key("create_charge", &payload)
+            .json(&payload)
+            .send()
+            .await
+            .expect("200");
+    }
+    let keys = server.keys();
+    assert_eq!(keys[0], keys[1], "field order does not change the key");
+    assert_ne!(keys[0], keys[2]);
+    assert_eq!(server.records()[1].attempt, 2, "the server saw a retry");
+}
+
+/// Child half of `v5_keys_identical_across_processes`: sends derived keys to the URL in
+/// `IDEMKEY_CHILD_URL`. Does nothing when run normally.
+#[tokio::test]
+async fn child_sends_derived_keys() {
+    let Ok(url) = std::env::var("IDEMKEY_CHILD_URL") else {
+        return;
+    };
+    let client = client(0);
+    for i in 0..3 {
+        client
+            .post(&url)
+            .derive_idempotency_key("create_charge", &serde_json::json!({"order": i}))
+            .send()
+            .await
+            .expect("200");
+    }
+}
+
+#[tokio::test]
+async fn v5_keys_identical_across_processes() {
+    let server = Recorder::start([]).await;
+    let exe = std::env::current_exe().expect("the test binary");
+    for _ in 0..2 {
+        let status = tokio::process::Command::new(&exe)
+            .args(["--exact", "child_sends_derived_keys", "--nocapture"])
+            .env("IDEMKEY_CHILD_URL", server.url("/charges"))
+            .status()
+            .await
+            .expect("run the child process");
+        assert!(status.success());
+    }
+    let keys = server.keys();
+    assert_eq!(keys.len(), 6);
+    assert_eq!(
+        keys[..3],
+        keys[3..],
+        "the second process sent the first one's keys"
+    );
+    assert_ne!(keys[0], keys[1]);
+    assert!(server.records()[3..].iter().all(|r| r.attempt == 2));
+}
+
+/// Our key middleware in a hand-made stack with reqwest-retry's middleware, either side.
+async fn with_reqwest_retry(key_inside_retry: bool) {
+    let server = Recorder::start([Reply::status(500), Reply::status(503), Reply::ok()]).await;
+    let retry = RetryTransientMiddleware::new_with_policy(fast(3));
+    let builder = reqwest_middleware::ClientBuilder::new(reqwest::Client::new());
+    let client = if key_inside_retry {
+        builder.with(retry).with(IdempotencyKeyMiddleware::new())
+    } else {
+        builder.with(IdempotencyKeyMiddleware::new()).with(retry)
+    }
+    .build();
+    let response = post_charge(&client, &server)
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(server.records().len(), 3);
+    let key = single_key(&server);
+    let info = response.idempotency().expect("keyed");
+    assert_eq!(info.key().as_str(), key);
+    if key_inside_retry {
+        assert_eq!(info.attempts(), 3, "the key middleware counts its passes");
+    }
+}
+
+#[tokio::test]
+async fn key_middleware_inside_reqwest_retry_reuses_the_key() {
+    with_reqwest_retry(true).await;
+}
+
+#[tokio::test]
+async fn key_middleware_outside_reqwest_retry_reuses_the_key() {
+    with_reqwest_retry(false).await;
+}
+
+#[tokio::test]
+async fn header_presets() {
+    let server = Recorder::with_header("paypal-request-id", []).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .header_preset(HeaderPreset::PayPal)
+        .build();
+    client
+        .post(server.url("/v2/payments"))
+        .send()
+        .await
+        .expect("200");
+    assert!(
+        server.keys()[0].is_some(),
+        "the key went in PayPal-Request-Id"
+    );
+}
+
+/// A fault injector added with `with_inner`: drops the first attempt's connection.
+struct DropFirstAttempt;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for DropFirstAttempt {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        ext: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        assert!(
+            req.headers().contains_key("idempotency-key"),
+            "inner middlewares see the key"
+        );
+        if Attempt::get(ext).map(Attempt::number) == Some(1) {
+            let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected reset");
+            return Err(reqwest_middleware::Error::middleware(reset));
+        }
+        next.run(req, ext).await
+    }
+}
+
+#[tokio::test]
+async fn inner_middleware_runs_per_attempt() {
+    let server = Recorder::start([]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .with_inner(DropFirstAttempt)
+        .build();
+    let response = post_charge(&client, &server)
+        .await
+        .expect("the second attempt gets through");
+    assert_eq!(response.idempotency().map(|i| i.attempts()), Some(2));
+    assert_eq!(server.records().len(), 1, "the first attempt never left");
+}

@@ -1,0 +1,382 @@
+//! The framework-free engine and the function-level API, on the memory store, with time
+//! driven by `tokio::time::pause`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkey::IdempotencyKey;
+use idemkey::fingerprint::Fingerprint;
+use idemkey::server::{Begin, Engine, Execution};
+use idemkey::store::{MemoryStore, RecordId, Store};
+use proptest::prelude::*;
+
+const LEASE: Duration = Duration::from_secs(5);
+
+fn key(s: &str) -> IdempotencyKey {
+    IdempotencyKey::new(s).expect("valid key")
+}
+
+fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of_bytes(s.as_bytes())
+}
+
+fn execute(b: Begin) -> Execution {
+    match b {
+        Begin::Execute(e) => e,
+        other => panic!("expected to execute, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn crashed_owner_is_taken_over_after_its_lease_and_cannot_write() {
+    let store = MemoryStore::new();
+    let engine = Engine::builder(store.clone())
+        .lease(LEASE)
+        .in_progress_retry_after(Duration::MAX)
+        .build();
+    let (k, f) = (key("job-1"), fp("payload"));
+
+    let dead = execute(engine.begin("s", &k, &f).await.expect("claim"));
+    let (id, dead_token) = (dead.record_id(), dead.token());
+    assert_eq!(id, RecordId::new("s", "job-1"));
+    std::mem::forget(dead); // the process died: no renewal, no release
+
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let busy = engine.begin("s", &k, &f).await.expect_err("still leased");
+    assert!(busy.is_in_progress());
+    assert_eq!(busy.retry_after(), Some(Duration::from_secs(2)));
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let heir = execute(engine.begin("s", &k, &f).await.expect("takeover"));
+    assert!(heir.is_takeover());
+    assert_ne!(heir.token(), dead_token);
+
+    let stale = store
+        .complete(
+            &id,
+            dead_token,
+            Bytes::from_static(b"stale"),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(stale.expect_err("fenced").is_fenced());
+    assert!(
+        store
+            .renew(&id, dead_token, LEASE)
+            .await
+            .expect_err("fenced")
+            .is_fenced()
+    );
+    assert!(
+        store
+            .release(&id, dead_token)
+            .await
+            .expect_err("fenced")
+            .is_fenced()
+    );
+
+    heir.complete(Bytes::from_static(b"heir"))
+        .await
+        .expect("complete");
+    match engine.begin("s", &k, &f).await.expect("replay") {
+        Begin::Replay(p) => assert_eq!(p, "heir"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_operation_keeps_its_lease_and_retention_is_separate() {
+    let engine = Engine::builder(MemoryStore::new())
+        .lease(LEASE)
+        .retention(Duration::from_secs(60))
+        .build();
+    let (k, f) = (key("long"), fp("x"));
+    let mut exec = execute(engine.begin("", &k, &f).await.expect("claim"));
+    let runner = tokio::spawn(async move {
+        exec.run(tokio::time::sleep(Duration::from_secs(30))).await;
+        assert!(!exec.is_lost());
+        exec.complete(Bytes::from_static(b"done"))
+            .await
+            .expect("complete");
+    });
+    // Six leases later the owner still holds the key: renewal works.
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(
+        engine
+            .begin("", &k, &f)
+            .await
+            .expect_err("held")
+            .is_in_progress()
+    );
+    runner.await.expect("runner");
+
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    assert!(matches!(
+        engine.begin("", &k, &f).await,
+        Ok(Begin::Replay(_))
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = execute(engine.begin("", &k, &f).await.expect("retention over"));
+    assert!(!again.is_takeover());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_an_execution_releases_its_key() {
+    let engine = Engine::new(MemoryStore::new());
+    let (k, f) = (key("dropped"), fp("x"));
+    drop(execute(engine.begin("", &k, &f).await.expect("claim")));
+    tokio::task::yield_now().await; // the release runs in the background
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match engine.begin("", &k, &f).await {
+            Ok(Begin::Execute(e)) => {
+                assert!(!e.is_takeover(), "released, not expired");
+                break;
+            }
+            Err(r) if r.is_in_progress() && attempts < 100 => tokio::task::yield_now().await,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn once_runs_once_and_replays_the_value() {
+    let engine = Engine::new(MemoryStore::new());
+    let runs = AtomicU64::new(0);
+    let (k, f) = (
+        key("msg-1"),
+        Fingerprint::of_json(&serde_json::json!({"order": 1})).expect("fp"),
+    );
+    let run = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(vec![1u32, 2, 3])
+    };
+    let first = engine.once("q", &k, &f, run).await.expect("first");
+    let second = engine.once("q", &k, &f, run).await.expect("second");
+    assert!(!first.is_replayed());
+    assert!(second.is_replayed());
+    assert_eq!(second.into_value(), vec![1, 2, 3]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let reused = engine
+        .once("q", &k, &fp("other"), run)
+        .await
+        .expect_err("another fingerprint");
+    assert!(reused.is_key_reused());
+    let wrong_type = engine
+        .once("q", &k, &f, || async {
+            Ok::<_, std::io::Error>("a string".to_owned())
+        })
+        .await
+        .expect_err("recorded as a list");
+    assert!(wrong_type.is_decode());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn once_releases_the_key_when_the_closure_fails() {
+    let engine = Engine::new(MemoryStore::new());
+    let (k, f) = (key("msg-2"), fp("x"));
+    let err = engine
+        .once("q", &k, &f, || async {
+            Err::<u8, _>(std::io::Error::other("db down"))
+        })
+        .await
+        .expect_err("fails");
+    assert!(err.is_failed());
+    assert_eq!(
+        err.failure().map(ToString::to_string),
+        Some("db down".into())
+    );
+    let ok = engine
+        .once("q", &k, &f, || async { Ok::<_, std::io::Error>(7u8) })
+        .await
+        .expect("runs again");
+    assert_eq!((*ok.value(), ok.is_replayed()), (7, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_under_concurrency_runs_exactly_once() {
+    let engine = Engine::new(MemoryStore::new());
+    let runs = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (k, f) = (key("msg-3"), fp("x"));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..200 {
+        let (engine, runs, gate, k, tx) = (
+            engine.clone(),
+            runs.clone(),
+            gate.clone(),
+            k.clone(),
+            tx.clone(),
+        );
+        tokio::spawn(async move {
+            let r = engine
+                .once("q", &k, &f, || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.expect("gate").forget();
+                    Ok::<_, std::io::Error>(42u64)
+                })
+                .await;
+            tx.send(r).expect("receiver alive");
+        });
+    }
+    // Every caller but the one running gets `in-progress` while it waits at the gate.
+    for _ in 0..199 {
+        let e = rx.recv().await.expect("answer").expect_err("a duplicate");
+        assert!(e.is_in_progress(), "{e:?}");
+        assert!(e.retry_after().is_some());
+    }
+    gate.add_permits(1);
+    let ran = rx.recv().await.expect("the runner answers").expect("ok");
+    assert_eq!((*ran.value(), ran.is_replayed()), (42, false));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// The engine against a model of the contract.
+
+#[derive(Debug, Clone)]
+enum Op {
+    Begin { key: u8, fp: u8 },
+    Complete { exec: usize, payload: u8 },
+    Release { exec: usize },
+    Advance { secs: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..3, 0u8..2).prop_map(|(key, fp)| Op::Begin { key, fp }),
+        2 => (0usize..8, any::<u8>()).prop_map(|(exec, payload)| Op::Complete { exec, payload }),
+        1 => (0usize..8).prop_map(|exec| Op::Release { exec }),
+        2 => (0u64..8).prop_map(|secs| Op::Advance { secs }),
+    ]
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum ModelState {
+    Running { fp: u8, owner: usize, until: u64 },
+    Done { fp: u8, payload: u8, until: u64 },
+}
+
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Execute { takeover: bool },
+    Replay(u8),
+    InProgress,
+    KeyReused,
+    Ok,
+    Fenced,
+    Skipped,
+}
+
+const RETENTION: u64 = 20;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let engine = Engine::builder(MemoryStore::new())
+                .lease(LEASE)
+                .retention(Duration::from_secs(RETENTION))
+                .build();
+            let mut now = 0u64;
+            let mut model: HashMap<u8, ModelState> = HashMap::new();
+            let mut execs: Vec<(u8, Option<Execution>)> = Vec::new();
+            for op in ops {
+                let (want, got) = match op {
+                    Op::Advance { secs } => {
+                        tokio::time::advance(Duration::from_secs(secs)).await;
+                        now += secs;
+                        continue;
+                    }
+                    Op::Begin { key: k, fp: f } => {
+                        let live = model.get(&k).filter(|s| match s {
+                            ModelState::Running { until, .. } | ModelState::Done { until, .. } => *until > now,
+                        });
+                        let want = match live {
+                            None => Seen::Execute {
+                                takeover: matches!(model.get(&k), Some(ModelState::Running { .. })),
+                            },
+                            Some(ModelState::Running { fp, .. }) if *fp == f => Seen::InProgress,
+                            Some(ModelState::Done { fp, payload, .. }) if *fp == f => Seen::Replay(*payload),
+                            Some(_) => Seen::KeyReused,
+                        };
+                        let got = match engine.begin("", &key(&format!("k{k}")), &fp(&format!("f{f}"))).await {
+                            Ok(Begin::Execute(e)) => {
+                                let seen = Seen::Execute { takeover: e.is_takeover() };
+                                model.insert(k, ModelState::Running { fp: f, owner: execs.len(), until: now + LEASE.as_secs() });
+                                execs.push((k, Some(e)));
+                                seen
+                            }
+                            Ok(Begin::Replay(p)) => Seen::Replay(p[0]),
+                            Ok(Begin::Unguarded) => panic!("fail-closed engine"),
+                            Err(r) if r.is_in_progress() => Seen::InProgress,
+                            Err(r) if r.is_key_reused() => Seen::KeyReused,
+                            Err(r) => panic!("{r}"),
+                        };
+                        (want, got)
+                    }
+                    Op::Complete { exec, .. } | Op::Release { exec }
+                        if execs.get(exec).is_none_or(|(_, e)| e.is_none()) =>
+                    {
+                        (Seen::Skipped, Seen::Skipped)
+                    }
+                    Op::Complete { exec, payload } => {
+                        let (k, e) = &mut execs[exec];
+                        let e = e.take().expect("checked above");
+                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until > now);
+                        let want = if owns { Seen::Ok } else { Seen::Fenced };
+                        let got = match e.complete(Bytes::from(vec![payload])).await {
+                            Ok(()) => Seen::Ok,
+                            Err(se) if se.is_fenced() => Seen::Fenced,
+                            Err(se) => panic!("{se}"),
+                        };
+                        if owns {
+                            let Some(ModelState::Running { fp, .. }) = model.get(k).cloned() else { unreachable!() };
+                            model.insert(*k, ModelState::Done { fp, payload, until: now + RETENTION });
+                        }
+                        (want, got)
+                    }
+                    Op::Release { exec } => {
+                        let (k, e) = &mut execs[exec];
+                        let e = e.take().expect("checked above");
+                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until > now);
+                        let want = if owns { Seen::Ok } else { Seen::Fenced };
+                        let got = match e.release().await {
+                            Ok(()) => Seen::Ok,
+                            Err(se) if se.is_fenced() => Seen::Fenced,
+                            Err(se) => panic!("{se}"),
+                        };
+                        if owns {
+                            model.remove(k);
+                        }
+                        (want, got)
+                    }
+                };
+                assert_eq!(got, want, "at t={now}s, model {model:?}");
+            }
+            // Unfinished executions are forgotten, as a crash would: no background release.
+            for (_, e) in execs {
+                std::mem::forget(e);
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn store_is_reachable_through_the_engine() {
+    let engine = Engine::new(MemoryStore::new());
+    assert_eq!(engine.store().sweep().await.expect("sweep"), 0);
+}

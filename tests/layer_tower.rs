@@ -1,0 +1,121 @@
+//! The layer without axum: as a plain tower service, and served by hyper directly.
+
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use idemkey::server::{Engine, IdempotencyLayer, RequestBody};
+use idemkey::store::MemoryStore;
+use idemkey::testing::Executions;
+use support::verifier::{Gate, http, post_json};
+use tower::{Layer, ServiceExt};
+
+type Req = http::Request<RequestBody<Full<Bytes>>>;
+
+fn request(key: &str) -> http::Request<Full<Bytes>> {
+    http::Request::post("/jobs")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn dropping_the_response_future_mid_handler_still_records_the_outcome() {
+    let (gate, runs) = (Gate::default(), Executions::default());
+    let inner = tower::service_fn({
+        let (gate, runs) = (gate.clone(), runs.clone());
+        move |req: Req| {
+            let (gate, runs) = (gate.clone(), runs.clone());
+            async move {
+                let body = req.into_body().collect().await.expect("body").to_bytes();
+                gate.pass().await;
+                let n = runs.record();
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!(
+                    "job {n} got {} bytes",
+                    body.len()
+                )))))
+            }
+        }
+    });
+    let svc = IdempotencyLayer::new(Engine::new(MemoryStore::new())).layer(inner);
+
+    // What hyper does when the client disconnects: drop the response future.
+    let fut = svc.clone().oneshot(request("job-1"));
+    let caller = tokio::spawn(fut);
+    gate.wait_entered(1).await;
+    caller.abort();
+    assert!(caller.await.expect_err("aborted").is_cancelled());
+
+    gate.open(1);
+    let mut attempts = 0;
+    let replay = loop {
+        attempts += 1;
+        let resp = svc
+            .clone()
+            .oneshot(request("job-1"))
+            .await
+            .expect("infallible");
+        if resp.status() == 200 {
+            break resp;
+        }
+        assert_eq!(resp.status(), 409, "in progress until the handler finishes");
+        assert!(attempts < 200, "the handler finishes once the gate opens");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let body = replay.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body, "job 1 got 2 bytes");
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test]
+async fn served_by_plain_hyper() {
+    let runs = Executions::default();
+    let inner = tower::service_fn({
+        let runs = runs.clone();
+        move |_req: http::Request<RequestBody<hyper::body::Incoming>>| {
+            let n = runs.record();
+            async move {
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!(
+                    "run {n}"
+                )))))
+            }
+        }
+    });
+    let svc = IdempotencyLayer::new(Engine::new(MemoryStore::new())).layer(inner);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let hyper_svc = hyper::service::service_fn(move |req| svc.clone().oneshot(req));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), hyper_svc)
+                    .await;
+            });
+        }
+    });
+
+    let client = http();
+    let url = format!("http://{addr}/jobs");
+    let first = post_json(&client, &url, Some("h-1"), "{}").await;
+    assert_eq!(first.text().await.expect("body"), "run 1");
+    let again = post_json(&client, &url, Some("h-1"), "{}").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.expect("body"), "run 1");
+    let get = client.get(&url).send().await.expect("get");
+    assert_eq!(
+        get.text().await.expect("body"),
+        "run 2",
+        "safe methods pass through"
+    );
+    assert_eq!(runs.count(), 2);
+    server.abort();
+}
