@@ -78,6 +78,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // PostgreSQL and SQLite keep expired records until swept.
+    let _sweeper =
+        idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
     let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(store)));
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
         Ok(l) => l,

@@ -35,6 +35,7 @@ mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod sweeper;
 
 use std::fmt;
 use std::time::Duration;
@@ -49,6 +50,7 @@ pub use open::{OpenError, open};
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
+pub use sweeper::spawn_sweeper;
 
 /// The address of a record: SHA-256 over the length-prefixed scope and key.
 ///
