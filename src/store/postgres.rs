@@ -44,7 +44,7 @@ use bytes::Bytes;
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use super::sql::{TableName, claim_sets, decode_claim, micros, sql, unavailable};
+use super::sql::{TableName, claim_sets, decode_claim, sql, unavailable};
 use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
 
 /// The default table name.
@@ -246,6 +246,11 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
             Err(StoreError::fenced())
         }
     }
+}
+
+/// A duration in whole microseconds, saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 2)
 }
 
 #[async_trait::async_trait]

@@ -43,11 +43,6 @@ impl TableName {
         })
     }
 
-    /// `true` when a schema was named.
-    pub(crate) fn is_qualified(&self) -> bool {
-        self.quoted.contains('.')
-    }
-
     /// The name as it goes into SQL: `"table"` or `"schema"."table"`.
     pub(crate) fn quoted(&self) -> &str {
         &self.quoted
@@ -122,11 +117,6 @@ pub(crate) fn sql(s: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(s))
 }
 
-/// A duration in whole microseconds, saturating.
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 2)
-}
-
 /// A failed database call: the store is unavailable.
 pub(crate) fn unavailable(what: &str, e: sqlx::Error) -> StoreError {
     StoreError::unavailable(what.to_owned(), e)
@@ -141,7 +131,6 @@ mod tests {
         let t = TableName::parse("billing.idem_1").expect("valid");
         assert_eq!(t.quoted(), "\"billing\".\"idem_1\"");
         assert_eq!(t.index_name("expires_at"), "\"idem_1_expires_at\"");
-        assert!(t.is_qualified());
         for bad in [
             "",
             "a.b.c",

@@ -123,7 +123,7 @@ impl SqliteStoreBuilder {
     /// be opened or written.
     pub async fn open(self) -> Result<SqliteStore, StoreError> {
         let table = TableName::parse(&self.table)?;
-        if table.is_qualified() {
+        if table.quoted().contains('.') {
             return Err(StoreError::unavailable(
                 format!("invalid SQLite table name {:?}", self.table),
                 "name the table without a schema",
