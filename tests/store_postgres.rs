@@ -247,3 +247,61 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
     assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
     assert_eq!(statements().await, 1, "a replay: one claim");
 }
+
+#[tokio::test]
+async fn replays_and_duplicates_neither_write_nor_lock() {
+    let table = support::unique("idemkey_test");
+    let store = support::postgres_store(&table).await;
+    let (id, token, lease) = (
+        RecordId::new("t", "k"),
+        FencingToken::random(),
+        Duration::from_secs(60),
+    );
+    let version = || async {
+        let v: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT xmin::text FROM \"{table}\""
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("row version");
+        v
+    };
+    let other = || ClaimRequest {
+        id: &id,
+        fingerprint: b"x",
+        token: FencingToken::random(),
+        lease,
+    };
+    store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token,
+            lease,
+        })
+        .await
+        .expect("claim");
+    let claimed = version().await;
+    assert!(matches!(
+        store.claim(other()).await.expect("duplicate"),
+        Claim::InProgress { .. }
+    ));
+    assert_eq!(
+        version().await,
+        claimed,
+        "a duplicate of a running request writes nothing"
+    );
+    store
+        .complete(&id, token, "reply".into(), lease)
+        .await
+        .expect("complete");
+    let completed = version().await;
+    for _ in 0..3 {
+        assert!(matches!(
+            store.claim(other()).await.expect("replay"),
+            Claim::Completed { .. }
+        ));
+    }
+    assert_eq!(version().await, completed, "a replay writes nothing");
+    support::drop_postgres_table(&store, &table).await;
+}

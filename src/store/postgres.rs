@@ -19,15 +19,19 @@
 //!
 //! # Statements
 //!
-//! The claim is one `INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING`. On a conflict
-//! the update keeps every column of a live record (each `SET` is `CASE WHEN <expired>
-//! THEN <new> ELSE <old> END`), so the statement always returns the row as it stands
-//! after the claim: the claim won when the returned token is its own, and otherwise the
-//! returned row *is* the live record (in progress or completed). Unlike `DO UPDATE ...
-//! WHERE <expired>` followed by a `SELECT`, this also returns a row that a concurrent
-//! claim inserted after the statement began, so the claim never needs a second
-//! statement. The price is a row version per claim on an existing record (a replay
-//! writes a tuple; the payload itself, TOASTed, is not copied).
+//! The claim is one statement around `INSERT ... ON CONFLICT (id) DO UPDATE ...
+//! RETURNING`:
+//!
+//! 1. A CTE reads the live row (`expires_at > now()`) as the statement's snapshot sees
+//!    it. If there is one (a replay, or a duplicate of a running request), it is the
+//!    answer, and the statement writes and locks nothing.
+//! 2. Otherwise the `INSERT` runs. On a conflict (an expired row, or a row a concurrent
+//!    claim inserted after the snapshot was taken) the update keeps every column of a
+//!    live row (each `SET` is `CASE WHEN <expired> THEN <new> ELSE <old> END`), so it
+//!    always returns the row as it stands after the claim, under its row lock: the
+//!    claim won when the returned token is its own, and otherwise the returned row is
+//!    the live record. A plain `DO UPDATE ... WHERE <expired>` would return nothing in
+//!    the race (the new row is invisible to the snapshot) and need a second statement.
 //!
 //! Complete, renew and release are `UPDATE`/`DELETE ... WHERE id = $1 AND token = $2
 //! AND payload IS NULL AND expires_at > now()`: a stale token matches no row. Every
@@ -84,15 +88,24 @@ struct Statements {
 impl Statements {
     fn new(t: &str) -> Self {
         let sets = claim_sets("r.expires_at <= now()", "r.");
+        let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
         let held = "id = $1 AND token = $2 AND payload IS NULL AND expires_at > now()";
         Self {
             claim: format!(
-                "INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at)
-VALUES ($1, $2, $3, NULL, false, now() + $4 * interval '1 microsecond')
-ON CONFLICT (id) DO UPDATE SET
-  {sets}
-RETURNING coalesce(token = $3, false) AS won, taken_over, fingerprint, payload,
-  (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining"
+                "WITH live AS (
+  SELECT false AS won, taken_over, fingerprint, payload, {remaining}
+  FROM {t} WHERE id = $1::bytea AND expires_at > now()
+), claimed AS (
+  INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at)
+  SELECT $1::bytea, $2::bytea, $3::bytea, NULL, false,
+    now() + $4::bigint * interval '1 microsecond'
+  WHERE NOT EXISTS (SELECT 1 FROM live)
+  ON CONFLICT (id) DO UPDATE SET
+    {sets}
+  RETURNING coalesce(token = $3::bytea, false) AS won, taken_over, fingerprint, payload,
+    {remaining}
+)
+SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
             complete: format!(
