@@ -4,12 +4,18 @@
 //! disk before [`Store::complete`] returns, and survives a crash of the process (or of
 //! the machine) and a restart. The schema is created when the store opens.
 //!
-//! The statements are those of the PostgreSQL store (the claim is one
-//! `INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING` that returns the live row),
-//! with the time passed in: SQLite has no clock of its own, so leases and retention are
-//! measured in milliseconds of this machine's wall clock (`SystemTime`), which also
-//! holds across restarts. SQLite runs one writer at a time; concurrent claims wait for
-//! each other (bounded by the busy timeout), which keeps claims atomic.
+//! The statements are those of the PostgreSQL store, with the time passed in: SQLite
+//! has no clock of its own, so leases and retention are measured in milliseconds of this
+//! machine's wall clock (`SystemTime`), which also holds across restarts.
+//!
+//! A claim first reads the live record on a reading connection; a replay or a duplicate
+//! of a running request ends there, with no write lock and no disk sync. Otherwise the
+//! claim is one `INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING` that takes over an
+//! expired row and returns a live one (inserted by a concurrent claim since the read)
+//! unchanged, so claims stay atomic. All writes go through one connection: SQLite runs
+//! one writer at a time, and queueing writes in the process is faster than contending
+//! for the file lock. A fresh request costs 3 statements (read, claim, complete; 2
+//! writes), a replay 1 read.
 //!
 //! Use it for a single node whose records must survive restarts; use PostgreSQL or
 //! Redis when several instances share records.
@@ -31,7 +37,7 @@ const DEFAULT_TABLE: &str = "idemkey_records";
 
 /// A durable store in one SQLite file, for a single node.
 ///
-/// Cheap to clone (clones share one connection pool).
+/// Cheap to clone (clones share the connections).
 ///
 /// ```
 /// use idemkey::store::SqliteStore;
@@ -44,12 +50,17 @@ const DEFAULT_TABLE: &str = "idemkey_records";
 /// ```
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    /// One connection: SQLite runs one writer at a time, and a single writing connection
+    /// queues writes in the process instead of contending for the file lock.
+    writer: SqlitePool,
+    /// Reads the live record first, so replays and duplicates take no write lock.
+    readers: SqlitePool,
     path: PathBuf,
     sql: Arc<Statements>,
 }
 
 struct Statements {
+    live: Arc<str>,
     claim: Arc<str>,
     complete: Arc<str>,
     renew: Arc<str>,
@@ -63,6 +74,11 @@ impl Statements {
         let sets = claim_sets("expires_at <= $1", "");
         let held = "id = $2 AND token = $3 AND payload IS NULL AND expires_at > $1";
         Self {
+            live: format!(
+                "SELECT 0 AS won, taken_over, fingerprint, payload, expires_at - $1 AS remaining
+FROM {t} WHERE id = $2 AND expires_at > $1"
+            )
+            .into(),
             claim: format!(
                 "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at)
 VALUES ($2, $3, $4, NULL, 0, $1 + $5)
@@ -100,7 +116,8 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The size of the connection pool (default 4; SQLite runs one writer at a time).
+    /// The number of reading connections (default 4). Writes go through one
+    /// connection of their own: SQLite runs one writer at a time.
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
@@ -135,12 +152,14 @@ impl SqliteStoreBuilder {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(self.busy_timeout);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.busy_timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| unavailable(&format!("SQLite: opening {}", self.path.display()), e))?;
+        let pool = |n: u32| {
+            SqlitePoolOptions::new()
+                .max_connections(n)
+                .acquire_timeout(self.busy_timeout)
+                .connect_with(options.clone())
+        };
+        let opening = |e| unavailable(&format!("SQLite: opening {}", self.path.display()), e);
+        let writer = pool(1).await.map_err(opening)?;
         let (t, index) = (table.quoted(), table.index_name("expires_at"));
         let schema = format!(
             "CREATE TABLE IF NOT EXISTS {t} (
@@ -154,11 +173,13 @@ impl SqliteStoreBuilder {
 CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
         );
         sqlx::raw_sql(AssertSqlSafe(schema))
-            .execute(&pool)
+            .execute(&writer)
             .await
             .map_err(|e| unavailable("SQLite: creating the schema", e))?;
+        let readers = pool(self.max_connections.max(1)).await.map_err(opening)?;
         Ok(SqliteStore {
-            pool,
+            writer,
+            readers,
             path: self.path,
             sql: Arc::new(Statements::new(t)),
         })
@@ -195,13 +216,14 @@ impl SqliteStore {
 
     /// Closes every connection (checkpointing the WAL); clones stop working.
     pub async fn close(&self) {
-        self.pool.close().await;
+        self.readers.close().await;
+        self.writer.close().await;
     }
 
-    /// The connection pool, for administration.
+    /// The writing connection's pool, for administration.
     #[must_use]
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        &self.writer
     }
 
     async fn fenced(
@@ -210,7 +232,7 @@ impl SqliteStore {
         query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
     ) -> Result<(), StoreError> {
         let done = query
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(|e| unavailable(&format!("SQLite: {what}"), e))?;
         if done.rows_affected() == 1 {
@@ -247,13 +269,24 @@ fn fenced_query<'q>(
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let live = sqlx::query(sql(&self.sql.live))
+            .bind(now_ms())
+            .bind(req.id.as_bytes().to_vec())
+            .fetch_optional(&self.readers)
+            .await
+            .map_err(|e| unavailable("SQLite: reading a record", e))?;
+        if let Some(row) = live {
+            return decode_claim(&row, Duration::from_millis);
+        }
+        // None live as of the read: claim atomically (a concurrent claim may have won
+        // since; the statement then returns its row).
         let row = sqlx::query(sql(&self.sql.claim))
             .bind(now_ms())
             .bind(req.id.as_bytes().to_vec())
             .bind(req.fingerprint.to_vec())
             .bind(req.token.to_bytes().to_vec())
             .bind(millis(req.lease))
-            .fetch_one(&self.pool)
+            .fetch_one(&self.writer)
             .await
             .map_err(|e| unavailable("SQLite: claiming a record", e))?;
         decode_claim(&row, Duration::from_millis)
@@ -290,7 +323,7 @@ impl Store for SqliteStore {
     async fn sweep(&self) -> Result<u64, StoreError> {
         let done = sqlx::query(sql(&self.sql.sweep))
             .bind(now_ms())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .map_err(|e| unavailable("SQLite: sweeping expired records", e))?;
         Ok(done.rows_affected())
