@@ -389,15 +389,52 @@ where
             if let Some(r) = cfg.retention {
                 exec.set_retention(r);
             }
-            // Spawned: if the caller goes away (hyper drops this future), the handler
-            // still finishes and its outcome is recorded.
-            let task = tokio::spawn(execute(cfg, inner, req, exec));
-            match task.await {
-                Ok(result) => result,
-                Err(e) => match e.try_into_panic() {
-                    Ok(panic) => std::panic::resume_unwind(panic),
-                    Err(e) => Ok(Rejection::response_failed(e).into_response()),
-                },
+            // Polled in place; if the caller goes away (hyper drops this future), the
+            // rest moves to a spawned task, so the handler still finishes and its
+            // outcome is recorded.
+            DetachOnDrop(Some(Box::pin(execute(cfg, inner, req, exec)))).await
+        }
+    }
+}
+
+/// Polls a future in place, and hands it to a spawned task if dropped before it ends.
+///
+/// Spawning every execution would cost a task and a cross-thread wake-up per request;
+/// this costs one only for the requests whose caller went away.
+struct DetachOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F> Future for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(fut) = self.0.as_mut() else {
+            return Poll::Pending; // never polled again after Ready
+        };
+        let out = fut.as_mut().poll(cx);
+        if out.is_ready() {
+            self.0 = None;
+        }
+        out
+    }
+}
+
+impl<F> Drop for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(fut) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        let _ = fut.await;
+                    });
+                }
+                // No runtime: the execution's drop releases the key instead.
+                Err(_) => drop(fut),
             }
         }
     }
