@@ -76,8 +76,14 @@ pub(crate) fn is_replayed(response: &reqwest::Response) -> bool {
         .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"))
 }
 
-/// Stores the facts in the response's extensions (overwriting what an inner layer put).
+/// Stores the facts in the response's extensions (updating what an inner layer put).
 pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, attempts: u32) {
+    if let Some(info) = response.extensions_mut().get_mut::<IdempotencyInfo>() {
+        if info.key == *key {
+            info.attempts = attempts;
+            return;
+        }
+    }
     let replayed = is_replayed(response);
     response
         .extensions_mut()
