@@ -280,7 +280,8 @@ impl Middleware for RetryMiddleware {
             };
             let run = next.clone().run(this, ext);
             let result = match deadline {
-                Some(at) => match tokio::time::timeout_at(at, run).await {
+                // Rare paths are boxed: they would otherwise grow every request's future.
+                Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
                     Ok(result) => result,
                     Err(_) => break Last::DeadlinePassed,
                 },
@@ -299,14 +300,14 @@ impl Middleware for RetryMiddleware {
                 "retrying with the same idempotency key"
             );
             drop(result);
-            tokio::time::sleep(wait).await;
+            Box::pin(tokio::time::sleep(wait)).await;
         };
         // A Stripe-compatible server answers a reused key with 400 `key-reused`.
         let last = match last {
             Last::Answer(Ok(response))
                 if key.is_some() && response.status() == StatusCode::BAD_REQUEST =>
             {
-                match is_problem(response, "key-reused").await {
+                match Box::pin(is_problem(response, "key-reused")).await {
                     (response, true) => Last::KeyReused(response),
                     (response, false) => Last::Answer(Ok(response)),
                 }
