@@ -121,11 +121,13 @@ pub(crate) async fn is_problem(
         .as_ref()
         .and_then(|doc| doc.get("type")?.as_str().map(|t| t.ends_with(case)))
         .unwrap_or(false);
+    // Only the URL goes through the builder (reqwest keeps it in a private extension);
+    // a builder with nothing but an extension cannot fail.
     let mut rebuilt = reqwest::ResponseBuilderExt::url(http::Response::builder(), url)
-        .status(status)
-        .version(version)
-        .body(body)
-        .unwrap_or_default();
+        .body(body.clone())
+        .unwrap_or_else(|_| http::Response::new(body));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
     *rebuilt.headers_mut() = headers;
     rebuilt.extensions_mut().extend(extensions);
     (reqwest::Response::from(rebuilt), matches)
