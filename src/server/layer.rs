@@ -636,3 +636,57 @@ fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+
+    #[test]
+    fn hop_by_hop_framing_and_denied_headers_are_not_stored() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "close, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "12"),
+            ("x-private", "named by Connection"),
+            ("set-cookie", "s=1"),
+            ("x-request-id", "r-1"),
+            ("content-type", "application/json"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let kept = storable_headers(&h, &[header::SET_COOKIE]);
+        let names: Vec<_> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-request-id", "content-type"]);
+    }
+
+    fn frames(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = std::io::Error> + Unpin {
+        let v: Vec<_> = parts
+            .iter()
+            .map(|p| Ok(http_body::Frame::data(Bytes::from_static(p))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(v))
+    }
+
+    #[tokio::test]
+    async fn bodies_within_the_limit_are_buffered_whole() {
+        match read_limited(frames(&[b"ab", b"cd", b"e"]), 5).await {
+            Collected::Full(b) => assert_eq!(b, "abcde"),
+            _ => panic!("fits"),
+        }
+    }
+
+    #[tokio::test]
+    async fn larger_bodies_hand_back_what_was_read_and_the_rest() {
+        match read_limited(frames(&[b"ab", b"cd", b"ef", b"gh"]), 5).await {
+            Collected::TooLarge(prefix, rest) => {
+                assert_eq!(prefix, "abcdef");
+                let tail = rest.collect().await.map(|c| c.to_bytes());
+                assert_eq!(tail.ok(), Some(Bytes::from_static(b"gh")));
+            }
+            _ => panic!("too large"),
+        }
+    }
+}
