@@ -644,3 +644,20 @@ async fn deadline_ends_a_hung_attempt() {
     assert_eq!(err.key().map(IdempotencyKey::as_str), Some("hung-1"));
     assert!(err.to_string().contains("deadline"), "{err}");
 }
+
+#[tokio::test]
+async fn typed_errors_are_found_inside_reqwest_retry_errors() {
+    let server = Recorder::start([]).await;
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryTransientMiddleware::new_with_policy(fast(3)))
+        .with(IdempotencyKeyMiddleware::new())
+        .build();
+    let err = client
+        .post(server.url("/charges"))
+        .header("idempotency-key", "not valid")
+        .send()
+        .await
+        .expect_err("invalid key");
+    assert!(ours(&err).is_invalid_key(), "{err}");
+    assert!(server.records().is_empty(), "nothing was sent");
+}
