@@ -10,7 +10,11 @@
 //!   once, replays the stored response to retries, rejects a reused key whose request
 //!   differs, and answers concurrent duplicates with a conflict. It comes as a
 //!   framework-free engine, a `tower` layer, and a function-level API, over pluggable
-//!   [stores](store).
+//!   [stores](store); see [`server`] for the behaviour table and [`fingerprint`] for
+//!   what makes two requests "the same".
+//! - **Test helpers** (feature `test-util`): [`testing`] serves a verifier-wrapped app on
+//!   127.0.0.1 and injects faults (lost responses, delays, resets) between a client and
+//!   it, to prove exactly-once effects in your own tests.
 //!
 //! Both halves follow one wire protocol: the IETF `Idempotency-Key` header (bare or
 //! RFC 8941 sf-string), `Idempotent-Replayed: true` on replays, and RFC 9457 problem

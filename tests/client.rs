@@ -580,3 +580,84 @@ async fn inner_middleware_runs_per_attempt() {
     assert_eq!(response.idempotency().map(|i| i.attempts()), Some(2));
     assert_eq!(server.records().len(), 1, "the first attempt never left");
 }
+
+#[tokio::test]
+async fn concurrent_calls_each_keep_their_own_key_across_retries() {
+    // Every key's first attempt gets 503, its second 200.
+    let server = Recorder::per_key([Reply::status(503).retry_after("0")]).await;
+    let client = client(3);
+    let calls = (0..50).map(|_| post_charge(&client, &server));
+    let responses = futures_util::future::join_all(calls).await;
+    let mut told: Vec<String> = Vec::new();
+    for response in responses {
+        let response = response.expect("the second attempt succeeds");
+        let info = response.idempotency().expect("keyed");
+        assert_eq!(info.attempts(), 2);
+        told.push(info.key().as_str().to_owned());
+    }
+    let records = server.records();
+    assert_eq!(records.len(), 100, "exactly two attempts per logical call");
+    let mut per_key = std::collections::HashMap::<String, Vec<u32>>::new();
+    for r in records {
+        per_key
+            .entry(r.key.expect("keyed"))
+            .or_default()
+            .push(r.attempt);
+    }
+    assert_eq!(per_key.len(), 50);
+    assert!(per_key.values().all(|a| a == &[1, 2]), "{per_key:?}");
+    told.sort();
+    let mut seen: Vec<String> = per_key.into_keys().collect();
+    seen.sort();
+    assert_eq!(told, seen);
+}
+
+/// An inner middleware whose attempts never finish (a hung connection).
+struct Hang;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Hang {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut http::Extensions,
+        _: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_ends_a_hung_attempt() {
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::from_secs(30))
+        .with_inner(Hang)
+        .build();
+    let err = client
+        .post("http://127.0.0.1:9/charges")
+        .idempotency_key(IdempotencyKey::new("hung-1").expect("valid"))
+        .send()
+        .await
+        .expect_err("the deadline passes");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.key().map(IdempotencyKey::as_str), Some("hung-1"));
+    assert!(err.to_string().contains("deadline"), "{err}");
+}
+
+#[tokio::test]
+async fn typed_errors_are_found_inside_reqwest_retry_errors() {
+    let server = Recorder::start([]).await;
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryTransientMiddleware::new_with_policy(fast(3)))
+        .with(IdempotencyKeyMiddleware::new())
+        .build();
+    let err = client
+        .post(server.url("/charges"))
+        .header("idempotency-key", "not valid")
+        .send()
+        .await
+        .expect_err("invalid key");
+    assert!(ours(&err).is_invalid_key(), "{err}");
+    assert!(server.records().is_empty(), "nothing was sent");
+}

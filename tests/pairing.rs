@@ -144,10 +144,11 @@ async fn a_duplicate_in_flight_gets_409_retries_and_receives_the_replay() {
             format!("order shipped, run {}", runs.record())
         }
     };
-    let router = axum::Router::new()
-        .route("/v1/orders", axum::routing::post(handler))
-        .layer(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
-    let server = TestServer::start(router).await.expect("server");
+    let router = axum::Router::new().route("/v1/orders", axum::routing::post(handler));
+    let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
+    let server = TestServer::start_verified(router, layer)
+        .await
+        .expect("server");
     let conflicts = Arc::new(Semaphore::new(0));
     let client = ClientBuilder::new(reqwest::Client::new())
         .with_inner(ConflictSeen(conflicts.clone()))

@@ -646,3 +646,31 @@ async fn five_hundred_concurrent_duplicates_across_four_verifiers_execute_once()
     }
     assert_eq!(ctx.runs.count(), 1);
 }
+
+#[tokio::test]
+async fn a_required_scope_rejects_requests_without_it_and_optional_keys_still_guard() {
+    let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+        .require(KeyRequirement::Optional)
+        .scope(idemkey::server::HeaderScope::new(http::header::AUTHORIZATION).required());
+    let (server, ctx) = start(layer).await;
+    let client = http();
+    let url = server.url("/echo");
+    let (status, case, _) = problem(post_json(&client, &url, Some("k-s"), "{}").await).await;
+    assert_eq!((status, case.as_str()), (401, "scope-rejected"));
+    for _ in 0..2 {
+        let resp = client
+            .post(&url)
+            .header("authorization", "Bearer t")
+            .header("idempotency-key", "k-s")
+            .body("{}")
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(resp.status(), 201);
+    }
+    assert_eq!(
+        ctx.runs.count(),
+        1,
+        "an optional key that is present still guards"
+    );
+}

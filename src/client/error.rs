@@ -216,6 +216,12 @@ fn find<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a Error> {
         let inner: &(dyn StdError + 'static) = inner.as_ref();
         return find(inner);
     }
+    // So is `reqwest_retry::RetryError::Error`: look inside it by hand.
+    if let Some(retry) = err.downcast_ref::<reqwest_retry::RetryError>() {
+        let (reqwest_retry::RetryError::WithRetries { err, .. }
+        | reqwest_retry::RetryError::Error(err)) = retry;
+        return find(err);
+    }
     err.source().and_then(find)
 }
 

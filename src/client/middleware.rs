@@ -5,7 +5,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use super::error::Error;
-use super::request::{KeyChoice, KeyInUse, KeyPasses, attempts_so_far};
+use super::request::{KeyChoice, KeyInUse, attempts_so_far};
 use super::response::annotate;
 use crate::IdempotencyKey;
 use crate::headers;
@@ -100,14 +100,16 @@ impl IdempotencyKeyMiddleware {
         self
     }
 
-    /// The key this logical request carries, fixed in `ext` on first sight.
+    /// The key this logical request carries, fixed in `ext` on first sight; counts this
+    /// pass.
     fn resolve(
         &self,
         req: &Request,
         ext: &mut Extensions,
     ) -> Result<Option<IdempotencyKey>, Error> {
-        if let Some(KeyInUse(key)) = ext.get::<KeyInUse>() {
-            return Ok(Some(key.clone()));
+        if let Some(in_use) = ext.get_mut::<KeyInUse>() {
+            in_use.passes += 1;
+            return Ok(Some(in_use.key.clone()));
         }
         let key = if let Some(value) = req.headers().get(&self.header) {
             Some(IdempotencyKey::from_header_value(value).map_err(Error::invalid_key)?)
@@ -123,7 +125,27 @@ impl IdempotencyKeyMiddleware {
             }
         };
         if let Some(key) = &key {
-            ext.insert(KeyInUse(key.clone()));
+            ext.insert(KeyInUse {
+                key: key.clone(),
+                passes: 1,
+            });
+        }
+        Ok(key)
+    }
+
+    /// Resolves the key and puts it in the request's header (unless the caller's is
+    /// there already).
+    pub(crate) fn attach(
+        &self,
+        req: &mut Request,
+        ext: &mut Extensions,
+    ) -> Result<Option<IdempotencyKey>, Error> {
+        let key = self.resolve(req, ext)?;
+        if let Some(key) = &key {
+            if !req.headers().contains_key(&self.header) {
+                req.headers_mut()
+                    .insert(self.header.clone(), key.to_header_value());
+            }
         }
         Ok(key)
     }
@@ -137,16 +159,9 @@ impl Middleware for IdempotencyKeyMiddleware {
         ext: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let key = self.resolve(&req, ext)?;
-        let Some(key) = key else {
+        let Some(key) = self.attach(&mut req, ext)? else {
             return next.run(req, ext).await;
         };
-        if !req.headers().contains_key(&self.header) {
-            req.headers_mut()
-                .insert(self.header.clone(), key.to_header_value());
-        }
-        let passes = ext.get::<KeyPasses>().map_or(0, |p| p.0) + 1;
-        ext.insert(KeyPasses(passes));
         let mut result = next.run(req, ext).await;
         if let Ok(response) = &mut result {
             annotate(response, &key, attempts_so_far(ext));

@@ -17,14 +17,14 @@ pub(crate) enum KeyChoice {
 }
 
 /// The key a logical request carries, fixed by the first middleware that saw it; every
-/// later pass (a retry through the same extensions) reuses it.
+/// later pass (a retry through the same extensions) reuses it. `passes` counts how many
+/// times the key middleware saw this logical request (once per attempt when it is
+/// placed inside another retry middleware).
 #[derive(Debug, Clone)]
-pub(crate) struct KeyInUse(pub(crate) IdempotencyKey);
-
-/// How many times the key middleware saw this logical request (it runs once per
-/// attempt when placed inside another retry middleware).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KeyPasses(pub(crate) u32);
+pub(crate) struct KeyInUse {
+    pub(crate) key: IdempotencyKey,
+    pub(crate) passes: u32,
+}
 
 /// The number of the attempt being sent, set by the retry middleware in the request's
 /// extensions before each attempt (1 for the first).
@@ -75,7 +75,7 @@ impl Attempt {
 /// Attempts made so far for the logical request whose extensions these are.
 pub(crate) fn attempts_so_far(ext: &Extensions) -> u32 {
     let by_retry = ext.get::<Attempt>().map_or(0, |a| a.0);
-    let by_key = ext.get::<KeyPasses>().map_or(0, |p| p.0);
+    let by_key = ext.get::<KeyInUse>().map_or(0, |k| k.passes);
     by_retry.max(by_key).max(1)
 }
 

@@ -76,8 +76,14 @@ pub(crate) fn is_replayed(response: &reqwest::Response) -> bool {
         .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"))
 }
 
-/// Stores the facts in the response's extensions (overwriting what an inner layer put).
+/// Stores the facts in the response's extensions (updating what an inner layer put).
 pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, attempts: u32) {
+    if let Some(info) = response.extensions_mut().get_mut::<IdempotencyInfo>() {
+        if info.key == *key {
+            info.attempts = attempts;
+            return;
+        }
+    }
     let replayed = is_replayed(response);
     response
         .extensions_mut()
@@ -115,11 +121,13 @@ pub(crate) async fn is_problem(
         .as_ref()
         .and_then(|doc| doc.get("type")?.as_str().map(|t| t.ends_with(case)))
         .unwrap_or(false);
+    // Only the URL goes through the builder (reqwest keeps it in a private extension);
+    // a builder with nothing but an extension cannot fail.
     let mut rebuilt = reqwest::ResponseBuilderExt::url(http::Response::builder(), url)
-        .status(status)
-        .version(version)
-        .body(body)
-        .unwrap_or_default();
+        .body(body.clone())
+        .unwrap_or_else(|_| http::Response::new(body));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
     *rebuilt.headers_mut() = headers;
     rebuilt.extensions_mut().extend(extensions);
     (reqwest::Response::from(rebuilt), matches)

@@ -15,6 +15,7 @@ use retry_policies::{Jitter, RetryDecision, RetryPolicy};
 use tokio::time::Instant;
 
 use super::error::{Error, Kind};
+use super::middleware::IdempotencyKeyMiddleware;
 use super::request::{Attempt, KeyInUse};
 use super::response::{annotate, is_problem};
 use crate::IdempotencyKey;
@@ -101,6 +102,9 @@ pub struct RetryMiddleware {
     retry_after_cap: Duration,
     deadline: Option<Duration>,
     header: HeaderName,
+    /// Set by `ClientBuilder`: the key middleware's work, done here to save one
+    /// middleware hop per request.
+    key: Option<IdempotencyKeyMiddleware>,
 }
 
 impl std::fmt::Debug for RetryMiddleware {
@@ -121,6 +125,7 @@ impl Default for RetryMiddleware {
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
             deadline: None,
             header: headers::IDEMPOTENCY_KEY,
+            key: None,
         }
     }
 }
@@ -168,9 +173,15 @@ impl RetryMiddleware {
         self
     }
 
+    /// Does the key middleware's work first, in the same middleware.
+    pub(crate) fn with_key_middleware(mut self, key: IdempotencyKeyMiddleware) -> Self {
+        self.key = Some(key);
+        self
+    }
+
     fn key_of(&self, req: &Request, ext: &Extensions) -> Option<IdempotencyKey> {
-        if let Some(KeyInUse(key)) = ext.get::<KeyInUse>() {
-            return Some(key.clone());
+        if let Some(in_use) = ext.get::<KeyInUse>() {
+            return Some(in_use.key.clone());
         }
         let value = req.headers().get(&self.header)?;
         IdempotencyKey::from_header_value(value).ok()
@@ -233,11 +244,14 @@ enum Last {
 impl Middleware for RetryMiddleware {
     async fn handle(
         &self,
-        req: Request,
+        mut req: Request,
         ext: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let key = self.key_of(&req, ext);
+        let key = match &self.key {
+            Some(key_middleware) => key_middleware.attach(&mut req, ext)?,
+            None => self.key_of(&req, ext),
+        };
         if key.is_none() && !is_idempotent(req.method()) {
             ext.insert(Attempt(1));
             return next.run(req, ext).await;
@@ -266,7 +280,8 @@ impl Middleware for RetryMiddleware {
             };
             let run = next.clone().run(this, ext);
             let result = match deadline {
-                Some(at) => match tokio::time::timeout_at(at, run).await {
+                // Rare paths are boxed: they would otherwise grow every request's future.
+                Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
                     Ok(result) => result,
                     Err(_) => break Last::DeadlinePassed,
                 },
@@ -285,14 +300,14 @@ impl Middleware for RetryMiddleware {
                 "retrying with the same idempotency key"
             );
             drop(result);
-            tokio::time::sleep(wait).await;
+            Box::pin(tokio::time::sleep(wait)).await;
         };
         // A Stripe-compatible server answers a reused key with 400 `key-reused`.
         let last = match last {
             Last::Answer(Ok(response))
                 if key.is_some() && response.status() == StatusCode::BAD_REQUEST =>
             {
-                match is_problem(response, "key-reused").await {
+                match Box::pin(is_problem(response, "key-reused")).await {
                     (response, true) => Last::KeyReused(response),
                     (response, false) => Last::Answer(Ok(response)),
                 }

@@ -389,15 +389,52 @@ where
             if let Some(r) = cfg.retention {
                 exec.set_retention(r);
             }
-            // Spawned: if the caller goes away (hyper drops this future), the handler
-            // still finishes and its outcome is recorded.
-            let task = tokio::spawn(execute(cfg, inner, req, exec));
-            match task.await {
-                Ok(result) => result,
-                Err(e) => match e.try_into_panic() {
-                    Ok(panic) => std::panic::resume_unwind(panic),
-                    Err(e) => Ok(Rejection::response_failed(e).into_response()),
-                },
+            // Polled in place; if the caller goes away (hyper drops this future), the
+            // rest moves to a spawned task, so the handler still finishes and its
+            // outcome is recorded.
+            DetachOnDrop(Some(Box::pin(execute(cfg, inner, req, exec)))).await
+        }
+    }
+}
+
+/// Polls a future in place, and hands it to a spawned task if dropped before it ends.
+///
+/// Spawning every execution would cost a task and a cross-thread wake-up per request;
+/// this costs one only for the requests whose caller went away.
+struct DetachOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F> Future for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(fut) = self.0.as_mut() else {
+            return Poll::Pending; // never polled again after Ready
+        };
+        let out = fut.as_mut().poll(cx);
+        if out.is_ready() {
+            self.0 = None;
+        }
+        out
+    }
+}
+
+impl<F> Drop for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(fut) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        let _ = fut.await;
+                    });
+                }
+                // No runtime: the execution's drop releases the key instead.
+                Err(_) => drop(fut),
             }
         }
     }
@@ -598,4 +635,58 @@ fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+
+    #[test]
+    fn hop_by_hop_framing_and_denied_headers_are_not_stored() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "close, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "12"),
+            ("x-private", "named by Connection"),
+            ("set-cookie", "s=1"),
+            ("x-request-id", "r-1"),
+            ("content-type", "application/json"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let kept = storable_headers(&h, &[header::SET_COOKIE]);
+        let names: Vec<_> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-request-id", "content-type"]);
+    }
+
+    fn frames(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = std::io::Error> + Unpin {
+        let v: Vec<_> = parts
+            .iter()
+            .map(|p| Ok(http_body::Frame::data(Bytes::from_static(p))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(v))
+    }
+
+    #[tokio::test]
+    async fn bodies_within_the_limit_are_buffered_whole() {
+        match read_limited(frames(&[b"ab", b"cd", b"e"]), 5).await {
+            Collected::Full(b) => assert_eq!(b, "abcde"),
+            _ => panic!("fits"),
+        }
+    }
+
+    #[tokio::test]
+    async fn larger_bodies_hand_back_what_was_read_and_the_rest() {
+        match read_limited(frames(&[b"ab", b"cd", b"ef", b"gh"]), 5).await {
+            Collected::TooLarge(prefix, rest) => {
+                assert_eq!(prefix, "abcdef");
+                let tail = rest.collect().await.map(|c| c.to_bytes());
+                assert_eq!(tail.ok(), Some(Bytes::from_static(b"gh")));
+            }
+            _ => panic!("too large"),
+        }
+    }
 }

@@ -182,7 +182,7 @@ impl Engine {
     /// let fp = Fingerprint::of_json(&msg)?;
     ///
     /// let first = engine.once("orders", &key, &fp, || async { Ok::<_, std::io::Error>(format!("shipment for {}", msg["order"])) }).await?;
-    /// let again = engine.once("orders", &key, &fp, || async { Ok::<_, std::io::Error>(unreachable!()) }).await?;
+    /// let again = engine.once("orders", &key, &fp, || async { Ok::<String, std::io::Error>(unreachable!("replayed")) }).await?;
     /// assert!(!first.is_replayed());
     /// assert!(again.is_replayed());
     /// assert_eq!(first.value(), again.value());

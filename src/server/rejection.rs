@@ -318,3 +318,9 @@ impl fmt::Display for Rejection {
 }
 
 impl std::error::Error for Rejection {}
+
+impl From<Rejection> for http::Response<ResponseBody> {
+    fn from(r: Rejection) -> Self {
+        r.into_response()
+    }
+}

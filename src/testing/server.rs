@@ -28,6 +28,17 @@ impl TestServer {
         Ok(Self { addr, task })
     }
 
+    /// Serves `app` wrapped in the verifier `layer` (every route behind it).
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub async fn start_verified(
+        app: axum::Router,
+        layer: crate::server::IdempotencyLayer,
+    ) -> std::io::Result<Self> {
+        Self::start(app.layer(layer)).await
+    }
+
     /// The bound address.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {

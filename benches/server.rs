@@ -1,0 +1,157 @@
+//! The verifier's cost: fingerprinting, and the layer against the same handler without
+//! it, in-process (a tower `oneshot`) and over loopback (reqwest to axum on 127.0.0.1),
+//! for fresh keys and for replays.
+//!
+//! ```sh
+//! cargo bench --bench server -- --warm-up-time 1 --measurement-time 3
+//! ```
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use http::{HeaderMap, HeaderValue, Method, Uri, header::CONTENT_TYPE};
+use http_body_util::{BodyExt, Full};
+use idemkey::fingerprint::Fingerprinter;
+use idemkey::server::{Engine, IdempotencyLayer};
+use idemkey::store::MemoryStore;
+use idemkey::testing::TestServer;
+use sha2::{Digest, Sha256};
+use tower::{Layer, ServiceExt};
+
+const BODY: &str =
+    r#"{"amount":1000,"currency":"eur","customer":"cus_123","description":"order 42"}"#;
+const ANSWER: &str = r#"{"id":"ch_1","object":"charge","amount":1000,"currency":"eur"}"#;
+
+fn fingerprint(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fingerprint");
+    let uri = Uri::from_static("/v1/charges");
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    let fp = Fingerprinter::new();
+    for (name, size) in [("1KiB", 1024usize), ("1MiB", 1024 * 1024)] {
+        let body = vec![0xa5u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function(format!("sha256_baseline/{name}"), |b| {
+            b.iter(|| Sha256::digest(std::hint::black_box(&body)))
+        });
+        g.bench_function(format!("request/{name}"), |b| {
+            b.iter(|| fp.fingerprint(&Method::POST, &uri, &headers, std::hint::black_box(&body)))
+        });
+    }
+    g.finish();
+}
+
+fn request(key: Option<String>) -> http::Request<Full<Bytes>> {
+    let mut b = http::Request::post("/v1/charges").header(CONTENT_TYPE, "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    b.body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .unwrap_or_default()
+}
+
+fn in_process(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("runtime: {e}"));
+    let bare = tower::service_fn(|req: http::Request<Full<Bytes>>| async move {
+        let _ = req.into_body().collect().await;
+        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(
+            ANSWER.as_bytes(),
+        ))))
+    });
+    let guarded_inner = tower::service_fn(
+        |req: http::Request<idemkey::server::RequestBody<Full<Bytes>>>| async move {
+            let _ = req.into_body().collect().await;
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(
+                ANSWER.as_bytes(),
+            ))))
+        },
+    );
+    let guarded = IdempotencyLayer::new(Engine::new(MemoryStore::new())).layer(guarded_inner);
+    let n = AtomicU64::new(0);
+
+    let mut g = c.benchmark_group("layer_in_process");
+    g.bench_function("bare_handler", |b| {
+        b.to_async(&rt).iter(|| async {
+            let resp = bare.oneshot(request(None)).await;
+            let _ = resp.map(|r| r.into_body());
+        })
+    });
+    g.bench_function("fresh_key", |b| {
+        b.to_async(&rt).iter(|| async {
+            let key = format!("fresh-{}", n.fetch_add(1, Ordering::Relaxed));
+            let resp = guarded.clone().oneshot(request(Some(key))).await;
+            let _ = resp.map(|r| r.into_body());
+        })
+    });
+    rt.block_on(guarded.clone().oneshot(request(Some("replayed".into()))))
+        .unwrap_or_else(|e| match e {});
+    g.bench_function("replay", |b| {
+        b.to_async(&rt).iter(|| async {
+            let resp = guarded
+                .clone()
+                .oneshot(request(Some("replayed".into())))
+                .await;
+            let _ = resp.map(|r| r.into_body());
+        })
+    });
+    g.finish();
+}
+
+fn loopback(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("runtime: {e}"));
+    let handler = || async { ([(CONTENT_TYPE, "application/json")], ANSWER) };
+    let (bare, guarded) = rt.block_on(async {
+        let bare = axum::Router::new().route("/v1/charges", axum::routing::post(handler));
+        let guarded = axum::Router::new()
+            .route("/v1/charges", axum::routing::post(handler))
+            .layer(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
+        (
+            TestServer::start(bare)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            TestServer::start(guarded)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+    });
+    let client = reqwest::Client::new();
+    let n = AtomicU64::new(0);
+    let post = |url: String, key: Option<String>| {
+        let mut req = client
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .body(BODY);
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        async move {
+            let resp = req.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let _ = resp.bytes().await;
+        }
+    };
+
+    let mut g = c.benchmark_group("layer_loopback");
+    g.bench_function("bare_handler", |b| {
+        b.to_async(&rt).iter(|| post(bare.url("/v1/charges"), None))
+    });
+    g.bench_function("fresh_key", |b| {
+        b.to_async(&rt).iter(|| {
+            let key = format!("fresh-{}", n.fetch_add(1, Ordering::Relaxed));
+            post(guarded.url("/v1/charges"), Some(key))
+        })
+    });
+    rt.block_on(post(guarded.url("/v1/charges"), Some("replayed".into())));
+    g.bench_function("replay", |b| {
+        b.to_async(&rt)
+            .iter(|| post(guarded.url("/v1/charges"), Some("replayed".into())))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, fingerprint, in_process, loopback);
+criterion_main!(benches);
