@@ -1,0 +1,106 @@
+//! The conformance suite fails stores that break the contract: each test wraps the
+//! memory store with one defect and expects the check for it to panic.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkey::store::{Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, Store, StoreError};
+use idemkey::testing::conformance;
+
+/// Which defect a [`Broken`] store has.
+#[derive(Clone, Copy)]
+enum Defect {
+    /// Reports success for writes that were fenced (and so wrote nothing).
+    SilentFencing,
+    /// Lets the second claim on a record win too, as a read-then-write store would.
+    DoubleWin,
+    /// Never reports a takeover.
+    NoTakeoverFlag,
+}
+
+struct Broken {
+    inner: MemoryStore,
+    defect: Defect,
+    claims: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Store for Broken {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let n = self.claims.fetch_add(1, Ordering::SeqCst);
+        let claim = self.inner.claim(req).await?;
+        Ok(match (self.defect, claim) {
+            (Defect::DoubleWin, Claim::InProgress { .. }) if n % 100 == 1 => {
+                Claim::Acquired { takeover: false }
+            }
+            (Defect::NoTakeoverFlag, Claim::Acquired { .. }) => Claim::Acquired { takeover: false },
+            (_, c) => c,
+        })
+    }
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let r = self.inner.complete(id, token, payload, retention).await;
+        self.silence(r)
+    }
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let r = self.inner.renew(id, token, lease).await;
+        self.silence(r)
+    }
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        let r = self.inner.release(id, token).await;
+        self.silence(r)
+    }
+}
+
+impl Broken {
+    fn store(defect: Defect) -> Arc<dyn Store> {
+        Arc::new(Self {
+            inner: MemoryStore::new(),
+            defect,
+            claims: AtomicUsize::new(0),
+        })
+    }
+
+    fn silence(&self, r: Result<(), StoreError>) -> Result<(), StoreError> {
+        match (self.defect, r) {
+            (Defect::SilentFencing, Err(e)) if e.is_fenced() => Ok(()),
+            (_, r) => r,
+        }
+    }
+}
+
+#[tokio::test]
+#[should_panic(expected = "must be fenced")]
+async fn catches_writes_that_ignore_fencing() {
+    conformance::writes_are_fenced_by_token(&Broken::store(Defect::SilentFencing)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "concurrent claims must win")]
+async fn catches_a_claim_that_is_not_atomic() {
+    conformance::claim_is_atomic(&Broken::store(Defect::DoubleWin)).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "takeover")]
+async fn catches_a_missing_takeover_flag() {
+    conformance::takeover_after_lease_expiry(&Broken::store(Defect::NoTakeoverFlag)).await;
+}
+
+#[tokio::test]
+async fn passes_the_unbroken_store() {
+    conformance::writes_are_fenced_by_token(&(Arc::new(MemoryStore::new()) as Arc<dyn Store>))
+        .await;
+}
