@@ -201,7 +201,7 @@ impl RedisStoreBuilder {
             .set_max_delay(Duration::from_millis(500));
         let mut conn = ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(|e| unavailable("connecting to Redis", e))?;
+            .map_err(|e| unavailable("connecting", e))?;
         let scripts = Scripts::new();
         for script in scripts.all() {
             script
@@ -271,12 +271,18 @@ impl RedisStore {
 }
 
 fn unavailable(what: &str, e: RedisError) -> StoreError {
-    StoreError::unavailable(format!("Redis: {what}"), e)
+    StoreError::unavailable(format!("Redis: {what} failed ({e})"), e)
 }
+
+/// The longest lease or retention, in milliseconds: 100 years ("forever"). Lua
+/// numbers are doubles, and the scripts' times must stay exact integers that Redis
+/// parses back (a `Duration::MAX` would come out as `4.6e+18`).
+const MAX_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 fn millis(d: Duration) -> Vec<u8> {
     u64::try_from(d.as_millis())
-        .unwrap_or(u64::MAX / 4)
+        .unwrap_or(MAX_MS)
+        .min(MAX_MS)
         .to_string()
         .into_bytes()
 }

@@ -119,7 +119,7 @@ pub(crate) fn sql(s: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
 
 /// A failed database call: the store is unavailable.
 pub(crate) fn unavailable(what: &str, e: sqlx::Error) -> StoreError {
-    StoreError::unavailable(what.to_owned(), e)
+    StoreError::unavailable(format!("{what} failed ({e})"), e)
 }
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ where
     sweep_keeps_live_records(&store().await).await;
     large_payload_round_trips(&store().await).await;
     scopes_are_isolated(&store().await).await;
+    huge_durations_mean_forever(&store().await).await;
 }
 
 /// A claim that finds a live record returns it in the same call: the owner's fingerprint
@@ -550,6 +551,36 @@ pub async fn scopes_are_isolated(store: &Arc<dyn Store>) {
         b"b",
         &pb,
         "scope b",
+    );
+}
+
+/// A lease or retention of [`Duration::MAX`] ("keep forever") is accepted and keeps the
+/// record live; it does not overflow the store's clock arithmetic.
+pub async fn huge_durations_mean_forever(store: &Arc<dyn Store>) {
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    expect_acquired(
+        claim(store, &id, b"fp", owner, Duration::MAX).await,
+        false,
+        "claim",
+    );
+    store
+        .renew(&id, owner, Duration::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("renew to Duration::MAX must succeed: {e}"));
+    match claim(store, &id, b"x", FencingToken::random(), LONG).await {
+        Claim::InProgress {
+            lease_remaining, ..
+        } => assert!(lease_remaining > LONG, "a lease of Duration::MAX is long"),
+        other => panic!("a lease of Duration::MAX must be live, got {other:?}"),
+    }
+    let payload = Bytes::from_static(b"forever");
+    complete(store, &id, owner, payload.clone(), Duration::MAX).await;
+    expect_completed(
+        claim(store, &id, b"x", FencingToken::random(), Duration::MAX).await,
+        b"fp",
+        &payload,
+        "a record kept for Duration::MAX",
     );
 }
 
