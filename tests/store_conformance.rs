@@ -101,3 +101,20 @@ async fn open_picks_the_store_by_url() {
         .expect("nothing listens there");
     assert!(err.is_unavailable(), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cluster_store_conforms() {
+    use idemkey::store::RedisStore;
+    let cluster = support::RedisCluster::start();
+    let urls = cluster.urls();
+    conformance::run(|| {
+        let urls = urls.clone();
+        async move {
+            RedisStore::cluster(urls)
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("the private Redis Cluster must be reachable: {e}"))
+        }
+    })
+    .await;
+}

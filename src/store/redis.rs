@@ -23,8 +23,10 @@
 
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, Script, Value};
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 use bytes::Bytes;
 
 use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
@@ -98,7 +100,8 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 /// Cluster).
 ///
 /// Cheap to clone (clones share one multiplexed connection, re-established after a
-/// failure). Connection failures and timeouts are [`StoreError::is_unavailable`], so the
+/// failure). [`RedisStore::cluster`] connects to a Redis Cluster instead: every script
+/// touches one hash-tagged key, so it runs on the node that owns the record. Connection failures and timeouts are [`StoreError::is_unavailable`], so the
 /// verifier answers 503 while Redis is down and resumes by itself when it is back.
 ///
 /// Costs: a fresh request takes 2 round trips (claim, complete), a replay 1.
@@ -114,9 +117,44 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
+}
+
+/// One server through a reconnecting manager, or a cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 struct Scripts {
@@ -145,7 +183,9 @@ impl Scripts {
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`].
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
-    url: String,
+    /// One URL, or the seed nodes of a cluster.
+    urls: Vec<String>,
+    cluster: bool,
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
@@ -191,17 +231,37 @@ impl RedisStoreBuilder {
     ///
     /// [`StoreError::is_unavailable`] when the URL is invalid or Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let client = Client::open(self.url.as_str())
-            .map_err(|e| StoreError::unavailable(format!("invalid Redis URL {:?}", self.url), e))?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(self.reconnect_attempts)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| unavailable("connecting", e))?;
+        let mut conn = if self.cluster {
+            let client = ClusterClient::builder(self.urls.iter().map(String::as_str))
+                .connection_timeout(self.connection_timeout)
+                .response_timeout(self.response_timeout)
+                .retries(u32::try_from(self.reconnect_attempts).unwrap_or(u32::MAX))
+                .build()
+                .map_err(|e| {
+                    unavailable(&format!("reading the cluster URLs {:?}", self.urls), e)
+                })?;
+            Conn::Cluster(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| unavailable("connecting to the cluster", e))?,
+            )
+        } else {
+            let url = self.urls.first().map_or("", String::as_str);
+            let client = Client::open(url)
+                .map_err(|e| unavailable(&format!("reading the URL {url:?}"), e))?;
+            let config = ConnectionManagerConfig::new()
+                .set_response_timeout(Some(self.response_timeout))
+                .set_connection_timeout(Some(self.connection_timeout))
+                .set_number_of_retries(self.reconnect_attempts)
+                .set_min_delay(Duration::from_millis(50))
+                .set_max_delay(Duration::from_millis(500));
+            Conn::Single(
+                ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(|e| unavailable("connecting", e))?,
+            )
+        };
         let scripts = Scripts::new();
         for script in scripts.all() {
             script
@@ -224,12 +284,37 @@ impl RedisStore {
     #[must_use]
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
+            urls: vec![url.into()],
+            cluster: false,
             prefix: DEFAULT_PREFIX.to_owned(),
             response_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(1),
             reconnect_attempts: 1,
         }
+    }
+
+    /// A builder for a store on the Redis Cluster reached through `nodes` (seed URLs,
+    /// `redis://host:port`; the client discovers the rest). Each record's key is
+    /// hash-tagged, so each script runs on the one node that owns it.
+    ///
+    /// ```no_run
+    /// use idemkey::store::RedisStore;
+    /// # async fn demo() -> Result<(), idemkey::store::StoreError> {
+    /// let store = RedisStore::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn cluster<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut builder = Self::builder("");
+        builder.urls = nodes.into_iter().map(Into::into).collect();
+        builder.cluster = true;
+        builder
     }
 
     /// Connects to `url` with the default settings.

@@ -327,3 +327,100 @@ pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &
 
 #[cfg(feature = "test-util")]
 pub mod apps;
+
+/// A private three-node Redis Cluster (no replicas, no persistence) on free ports,
+/// each node killed by its pid on drop.
+pub struct RedisCluster {
+    ports: Vec<u16>,
+    nodes: Vec<Child>,
+    _dir: TempDir,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them into a cluster and waits until it serves.
+    pub fn start() -> Self {
+        let dir = TempDir::new("idemkey-redis-cluster");
+        let mut ports = Vec::new();
+        while ports.len() < 3 {
+            // Each node also listens on port + 10000 (the cluster bus).
+            let port = free_port();
+            let bus_free =
+                port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
+            if bus_free && !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        let mut nodes = Vec::new();
+        for port in &ports {
+            let node_dir = dir.path().join(port.to_string());
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            nodes.push(
+                Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args([
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                    ])
+                    .args(["--save", "", "--appendonly", "no", "--dir"])
+                    .arg(&node_dir)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start a cluster node"),
+            );
+        }
+        let cluster = Self {
+            ports,
+            nodes,
+            _dir: dir,
+        };
+        for port in &cluster.ports {
+            wait_listening(*port, "a Redis Cluster node");
+        }
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            status.success(),
+            "redis-cli --cluster create failed: {status}"
+        );
+        for _ in 0..400 {
+            let ok = cluster.ports.iter().all(|p| {
+                Command::new("redis-cli")
+                    .args(["-p", &p.to_string(), "cluster", "info"])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+            });
+            if ok {
+                return cluster;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("the private Redis Cluster did not reach cluster_state:ok");
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+    }
+}
