@@ -103,6 +103,38 @@ impl MemoryStore {
         before.saturating_sub(self.inner.records.len()) as u64
     }
 
+    fn claim_at(&self, req: &ClaimRequest<'_>, now: Instant) -> Claim {
+        let fresh = || Record {
+            fingerprint: Bytes::copy_from_slice(req.fingerprint),
+            expires: deadline(now, req.lease),
+            state: State::InProgress(req.token),
+        };
+        match self.inner.records.entry(*req.id) {
+            Entry::Vacant(v) => {
+                v.insert(fresh());
+                Claim::Acquired { takeover: false }
+            }
+            Entry::Occupied(mut o) => {
+                let r = o.get();
+                if r.expires <= now {
+                    let takeover = matches!(r.state, State::InProgress(_));
+                    o.insert(fresh());
+                    return Claim::Acquired { takeover };
+                }
+                match &r.state {
+                    State::InProgress(_) => Claim::InProgress {
+                        fingerprint: r.fingerprint.clone(),
+                        lease_remaining: r.expires - now,
+                    },
+                    State::Completed(payload) => Claim::Completed {
+                        fingerprint: r.fingerprint.clone(),
+                        payload: payload.clone(),
+                    },
+                }
+            }
+        }
+    }
+
     /// Starts a background sweep when the interval has passed. A scan of the whole map
     /// on a request's path made that request slow, and a count-based trigger made the
     /// amortised cost grow with the number of live records.
@@ -160,36 +192,10 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let now = Instant::now();
+        let claim = self.claim_at(&req, now);
+        // After the claim, so a claim never races the sweep it starts.
         self.sweep_if_due(now);
-        let fresh = || Record {
-            fingerprint: Bytes::copy_from_slice(req.fingerprint),
-            expires: deadline(now, req.lease),
-            state: State::InProgress(req.token),
-        };
-        match self.inner.records.entry(*req.id) {
-            Entry::Vacant(v) => {
-                v.insert(fresh());
-                Ok(Claim::Acquired { takeover: false })
-            }
-            Entry::Occupied(mut o) => {
-                let r = o.get();
-                if r.expires <= now {
-                    let takeover = matches!(r.state, State::InProgress(_));
-                    o.insert(fresh());
-                    return Ok(Claim::Acquired { takeover });
-                }
-                Ok(match &r.state {
-                    State::InProgress(_) => Claim::InProgress {
-                        fingerprint: r.fingerprint.clone(),
-                        lease_remaining: r.expires - now,
-                    },
-                    State::Completed(payload) => Claim::Completed {
-                        fingerprint: r.fingerprint.clone(),
-                        payload: payload.clone(),
-                    },
-                })
-            }
-        }
+        Ok(claim)
     }
 
     async fn complete(
