@@ -365,7 +365,13 @@ proptest! {
                         (want, got)
                     }
                 };
-                assert_eq!(got, want, "at t={now}s, model {model:?}");
+                // An expired claim may already be swept (the memory store sweeps in the
+                // background): then the store cannot tell a takeover from a fresh claim.
+                let swept = want == Seen::Execute { takeover: true }
+                    && got == Seen::Execute { takeover: false };
+                if !swept {
+                    assert_eq!(got, want, "at t={now}s, model {model:?}");
+                }
             }
             // Unfinished executions are forgotten, as a crash would: no background release.
             for (_, e) in execs {

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -379,6 +380,12 @@ impl Execution {
     /// turns `true`; `fut` still runs to its end.
     pub async fn run<F: Future>(&mut self, fut: F) -> F::Output {
         let mut fut = pin!(fut);
+        // Most handlers answer in their first poll; only arm the renewal timer for those
+        // that wait (arming one costs a timer registration and often a driver wake-up).
+        let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        if let Poll::Ready(out) = first {
+            return out;
+        }
         if !self.lost {
             let store = self.engine.cfg.store.clone();
             let (id, token) = (self.id, self.token);

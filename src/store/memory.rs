@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
 
-/// How many claims pass between two opportunistic sweeps.
-const SWEEP_EVERY: u64 = 4096;
+/// The shortest time between two automatic sweeps, in milliseconds of store time.
+const SWEEP_INTERVAL_MS: u64 = 5_000;
 
 /// `now + d`, saturating far in the future: `Instant + Duration` panics on overflow, and
 /// a caller may well ask for `Duration::MAX` ("keep forever").
@@ -24,8 +24,9 @@ fn deadline(now: Instant, d: Duration) -> Instant {
 /// An in-memory store: fast, shared by every clone, and lost when the process exits.
 ///
 /// Concurrent without a global lock (a sharded map: claims on different records do not
-/// contend). Expired records are swept every few thousand claims and by
-/// [`Store::sweep`]. Time is read from [`tokio::time::Instant`], so tests can drive
+/// contend). Expired records are swept by [`Store::sweep`], and automatically at most
+/// every 5 s while claims arrive, off the request path (on tokio's blocking pool) so no
+/// request pays for a scan of the whole map. Time is read from [`tokio::time::Instant`], so tests can drive
 /// leases and retention with `tokio::time::pause`.
 ///
 /// Use it for a single process, and in tests; use Redis or PostgreSQL when several
@@ -48,10 +49,21 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
     records: DashMap<RecordId, Record>,
-    claims: AtomicU64,
+    /// Store time (ms since `epoch`) after which the next claim starts a sweep.
+    next_sweep_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            records: DashMap::new(),
+            next_sweep_ms: AtomicU64::new(SWEEP_INTERVAL_MS),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 struct Record {
@@ -91,6 +103,70 @@ impl MemoryStore {
         before.saturating_sub(self.inner.records.len()) as u64
     }
 
+    fn claim_at(&self, req: &ClaimRequest<'_>, now: Instant) -> Claim {
+        let fresh = || Record {
+            fingerprint: Bytes::copy_from_slice(req.fingerprint),
+            expires: deadline(now, req.lease),
+            state: State::InProgress(req.token),
+        };
+        match self.inner.records.entry(*req.id) {
+            Entry::Vacant(v) => {
+                v.insert(fresh());
+                Claim::Acquired { takeover: false }
+            }
+            Entry::Occupied(mut o) => {
+                let r = o.get();
+                if r.expires <= now {
+                    let takeover = matches!(r.state, State::InProgress(_));
+                    o.insert(fresh());
+                    return Claim::Acquired { takeover };
+                }
+                match &r.state {
+                    State::InProgress(_) => Claim::InProgress {
+                        fingerprint: r.fingerprint.clone(),
+                        lease_remaining: r.expires - now,
+                    },
+                    State::Completed(payload) => Claim::Completed {
+                        fingerprint: r.fingerprint.clone(),
+                        payload: payload.clone(),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Starts a background sweep when the interval has passed. A scan of the whole map
+    /// on a request's path made that request slow, and a count-based trigger made the
+    /// amortised cost grow with the number of live records.
+    fn sweep_if_due(&self, now: Instant) {
+        let ms = u64::try_from(now.saturating_duration_since(self.inner.epoch).as_millis())
+            .unwrap_or(u64::MAX);
+        let due = self.inner.next_sweep_ms.load(Ordering::Relaxed);
+        if ms < due
+            || self
+                .inner
+                .next_sweep_ms
+                .compare_exchange(
+                    due,
+                    ms.saturating_add(SWEEP_INTERVAL_MS),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let store = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || store.sweep_now());
+            }
+            Err(_) => {
+                store.sweep_now();
+            }
+        }
+    }
+
     /// Applies `f` to the record held by `token`, or fails fenced.
     fn with_owned(
         &self,
@@ -115,39 +191,11 @@ impl MemoryStore {
 #[async_trait::async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        if self.inner.claims.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            self.sweep_now();
-        }
         let now = Instant::now();
-        let fresh = || Record {
-            fingerprint: Bytes::copy_from_slice(req.fingerprint),
-            expires: deadline(now, req.lease),
-            state: State::InProgress(req.token),
-        };
-        match self.inner.records.entry(*req.id) {
-            Entry::Vacant(v) => {
-                v.insert(fresh());
-                Ok(Claim::Acquired { takeover: false })
-            }
-            Entry::Occupied(mut o) => {
-                let r = o.get();
-                if r.expires <= now {
-                    let takeover = matches!(r.state, State::InProgress(_));
-                    o.insert(fresh());
-                    return Ok(Claim::Acquired { takeover });
-                }
-                Ok(match &r.state {
-                    State::InProgress(_) => Claim::InProgress {
-                        fingerprint: r.fingerprint.clone(),
-                        lease_remaining: r.expires - now,
-                    },
-                    State::Completed(payload) => Claim::Completed {
-                        fingerprint: r.fingerprint.clone(),
-                        payload: payload.clone(),
-                    },
-                })
-            }
-        }
+        let claim = self.claim_at(&req, now);
+        // After the claim, so a claim never races the sweep it starts.
+        self.sweep_if_due(now);
+        Ok(claim)
     }
 
     async fn complete(
@@ -225,5 +273,44 @@ mod tests {
             .await
             .expect("complete");
         assert_eq!(store.sweep().await.expect("sweep"), 0);
+    }
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_swept_in_the_background_while_claims_arrive() {
+        let store = MemoryStore::new();
+        for i in 0..100 {
+            let id = RecordId::new("", &format!("k{i}"));
+            let claim = ClaimRequest {
+                id: &id,
+                fingerprint: b"fp",
+                token: FencingToken::random(),
+                lease: Duration::from_secs(1),
+            };
+            store.claim(claim).await.expect("claim");
+        }
+        assert_eq!(store.len(), 100);
+        tokio::time::advance(Duration::from_millis(SWEEP_INTERVAL_MS)).await;
+        let id = RecordId::new("", "trigger");
+        let claim = ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease: Duration::from_secs(60),
+        };
+        store.claim(claim).await.expect("claim");
+        // Bounded: the sweep runs on the blocking pool.
+        for _ in 0..1000 {
+            if store.len() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(store.len(), 1, "only the live record is left");
     }
 }

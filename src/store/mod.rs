@@ -187,7 +187,9 @@ pub struct ClaimRequest<'a> {
 pub enum Claim {
     /// The claim won: the caller owns the record until its lease ends.
     Acquired {
-        /// `true` when an expired lease of an earlier owner was taken over.
+        /// `true` when an expired lease of an earlier owner was taken over. Best
+        /// effort: a store that already removed the expired record (TTL, sweep) cannot
+        /// tell and reports `false`.
         takeover: bool,
     },
     /// Another claim holds a live lease.
