@@ -32,14 +32,14 @@ use super::{MemoryStore, Store, StoreError};
 /// compiled in (the message names the Cargo feature to enable);
 /// [`OpenError::is_unavailable`] when the store cannot be reached or set up.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
-    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    let scheme = url.split_once(':').map_or(url, |(s, _)| s);
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "redis" | "rediss" => open_redis(url).await,
         "postgres" | "postgresql" => open_postgres(url).await,
         "sqlite" => open_sqlite(url).await,
         _ => Err(OpenError::unsupported(format!(
-            "unknown store URL {url:?}: use memory, redis://, postgres:// or sqlite://PATH"
+            "unknown store URL scheme {scheme:?}: use memory, redis://, postgres:// or sqlite://PATH"
         ))),
     }
 }
@@ -106,7 +106,7 @@ impl OpenError {
         allow(dead_code)
     )]
     fn missing_feature(url: &str, feature: &str) -> Self {
-        let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+        let scheme = url.split_once(':').map_or(url, |(s, _)| s);
         Self::unsupported(format!(
             "{scheme}:// stores need idemkey's `{feature}` feature, which this build lacks: \
              enable it in Cargo.toml (idemkey = {{ features = [\"{feature}\"] }})"

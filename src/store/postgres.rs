@@ -124,12 +124,23 @@ SELECT * FROM claimed UNION ALL SELECT * FROM live"
 }
 
 /// Configures a [`PostgresStore`]; made by [`PostgresStore::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresStoreBuilder {
     url: String,
     table: String,
     max_connections: u32,
     acquire_timeout: Duration,
+}
+
+impl std::fmt::Debug for PostgresStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: not shown.
+        f.debug_struct("PostgresStoreBuilder")
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PostgresStoreBuilder {

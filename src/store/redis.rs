@@ -181,7 +181,7 @@ impl Scripts {
 }
 
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisStoreBuilder {
     /// One URL, or the seed nodes of a cluster.
     urls: Vec<String>,
@@ -190,6 +190,20 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     reconnect_attempts: usize,
+}
+
+impl std::fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URLs may carry passwords: not shown.
+        f.debug_struct("RedisStoreBuilder")
+            .field("nodes", &self.urls.len())
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("reconnect_attempts", &self.reconnect_attempts)
+            .finish()
+    }
 }
 
 impl RedisStoreBuilder {
@@ -237,9 +251,7 @@ impl RedisStoreBuilder {
                 .response_timeout(self.response_timeout)
                 .retries(u32::try_from(self.reconnect_attempts).unwrap_or(u32::MAX))
                 .build()
-                .map_err(|e| {
-                    unavailable(&format!("reading the cluster URLs {:?}", self.urls), e)
-                })?;
+                .map_err(|e| unavailable("reading the cluster URLs", e))?;
             Conn::Cluster(
                 client
                     .get_async_connection()
@@ -248,8 +260,7 @@ impl RedisStoreBuilder {
             )
         } else {
             let url = self.urls.first().map_or("", String::as_str);
-            let client = Client::open(url)
-                .map_err(|e| unavailable(&format!("reading the URL {url:?}"), e))?;
+            let client = Client::open(url).map_err(|e| unavailable("reading the URL", e))?;
             let config = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(self.response_timeout))
                 .set_connection_timeout(Some(self.connection_timeout))
