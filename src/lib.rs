@@ -21,6 +21,8 @@ pub mod headers;
 pub mod key;
 
 #[cfg(feature = "server")]
+pub mod fingerprint;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 pub mod store;

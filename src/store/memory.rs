@@ -14,6 +14,13 @@ use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
 /// How many claims pass between two opportunistic sweeps.
 const SWEEP_EVERY: u64 = 4096;
 
+/// `now + d`, saturating far in the future: `Instant + Duration` panics on overflow, and
+/// a caller may well ask for `Duration::MAX` ("keep forever").
+fn deadline(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60))
+}
+
 /// An in-memory store: fast, shared by every clone, and lost when the process exits.
 ///
 /// Concurrent without a global lock (a sharded map: claims on different records do not
@@ -114,7 +121,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let fresh = || Record {
             fingerprint: Bytes::copy_from_slice(req.fingerprint),
-            expires: now + req.lease,
+            expires: deadline(now, req.lease),
             state: State::InProgress(req.token),
         };
         match self.inner.records.entry(*req.id) {
@@ -154,7 +161,7 @@ impl Store for MemoryStore {
             if let Entry::Occupied(mut e) = e {
                 let r = e.get_mut();
                 r.state = State::Completed(payload);
-                r.expires = Instant::now() + retention;
+                r.expires = deadline(Instant::now(), retention);
             }
         })
     }
@@ -167,7 +174,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         self.with_owned(id, token, |e| {
             if let Entry::Occupied(mut e) = e {
-                e.get_mut().expires = Instant::now() + lease;
+                e.get_mut().expires = deadline(Instant::now(), lease);
             }
         })
     }
@@ -190,5 +197,33 @@ impl std::fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn huge_durations_do_not_panic() {
+        let store = MemoryStore::new();
+        let id = RecordId::new("", "k");
+        let token = FencingToken::random();
+        let claim = store
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint: b"fp",
+                token,
+                lease: Duration::MAX,
+            })
+            .await
+            .expect("claim");
+        assert_eq!(claim, Claim::Acquired { takeover: false });
+        store.renew(&id, token, Duration::MAX).await.expect("renew");
+        store
+            .complete(&id, token, Bytes::from_static(b"p"), Duration::MAX)
+            .await
+            .expect("complete");
+        assert_eq!(store.sweep().await.expect("sweep"), 0);
     }
 }

@@ -1,0 +1,435 @@
+//! Request fingerprints: what makes a retry "the same request".
+//!
+//! A key names one logical operation; the fingerprint says what that operation was. The
+//! verifier stores the fingerprint of the request that claimed a key, and a later
+//! request with the same key but a different fingerprint is refused (`422 key-reused`)
+//! instead of being answered with a response that belongs to another request.
+//!
+//! A [`Fingerprint`] is a versioned SHA-256 over length-prefixed fields:
+//!
+//! 1. the method,
+//! 2. the path and query,
+//! 3. the `Content-Type` header (absent and empty differ),
+//! 4. opt-in: the values of selected extra headers ([`Fingerprinter::header`]),
+//! 5. the body, in one of three forms, each tagged so the forms never collide:
+//!    - the raw bytes (the default),
+//!    - opt-in: RFC 8785 canonical JSON ([`Fingerprinter::canonical_json`]) so key order
+//!      and whitespace do not matter, for bodies whose `Content-Type` is JSON and that
+//!      parse as JSON (anything else falls back to the raw bytes),
+//!    - opt-in: a subset of JSON fields named by JSON pointers
+//!      ([`Fingerprinter::json_fields`]), each canonicalised; fields that are absent
+//!      are fingerprinted as absent.
+//!
+//! The options are part of the hashed input too, so two differently configured
+//! fingerprinters never produce equal fingerprints by accident. Changing the options of a
+//! deployed verifier therefore makes retries of requests claimed before the change look
+//! different (they get `422`); do it between retention periods.
+//!
+//! ```
+//! use idemkey::fingerprint::Fingerprinter;
+//! use http::{Method, HeaderMap, HeaderValue, Uri, header::CONTENT_TYPE};
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+//! let uri: Uri = "/v1/charges".parse()?;
+//!
+//! let raw = Fingerprinter::new();
+//! let a = raw.fingerprint(&Method::POST, &uri, &headers, br#"{"amount":100,"currency":"eur"}"#);
+//! let b = raw.fingerprint(&Method::POST, &uri, &headers, br#"{"currency": "eur", "amount": 100}"#);
+//! assert_ne!(a, b, "raw bytes differ");
+//!
+//! let canonical = Fingerprinter::new().canonical_json();
+//! let a = canonical.fingerprint(&Method::POST, &uri, &headers, br#"{"amount":100,"currency":"eur"}"#);
+//! let b = canonical.fingerprint(&Method::POST, &uri, &headers, br#"{"currency": "eur", "amount": 100}"#);
+//! assert_eq!(a, b, "same JSON, different order and whitespace");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+
+use http::{HeaderMap, HeaderName, Method, Uri, header::CONTENT_TYPE};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// The version of the fingerprint scheme, the first byte of every [`Fingerprint`].
+///
+/// It changes whenever the hashed input changes, so that fingerprints of different
+/// versions never compare equal.
+pub const FINGERPRINT_VERSION: u8 = 1;
+
+const DOMAIN: &[u8] = b"idemkey/fingerprint/v1\0";
+
+/// A versioned request fingerprint: one version byte and a SHA-256 digest.
+///
+/// Stores keep it as opaque bytes ([`Fingerprint::as_bytes`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 33]);
+
+impl Fingerprint {
+    /// The fingerprint of a serialisable value, canonicalised (RFC 8785) so that field
+    /// order does not matter; for the function-level API and for jobs.
+    ///
+    /// # Errors
+    /// When the value cannot be serialised to JSON (a map with non-string keys, a float
+    /// that is NaN or infinite).
+    ///
+    /// ```
+    /// use idemkey::fingerprint::Fingerprint;
+    /// let a = Fingerprint::of_json(&serde_json::json!({"a": 1, "b": 2}))?;
+    /// let b = Fingerprint::of_json(&serde_json::json!({"b": 2, "a": 1}))?;
+    /// assert_eq!(a, b);
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn of_json<T: Serialize>(value: &T) -> Result<Self, serde_json::Error> {
+        let canonical = serde_json_canonicalizer::to_vec(value)?;
+        let mut h = Hasher::new(b"value-json");
+        h.field(b'J', &canonical);
+        Ok(h.finish())
+    }
+
+    /// The fingerprint of raw bytes (a message payload, a job's arguments).
+    #[must_use]
+    pub fn of_bytes(bytes: &[u8]) -> Self {
+        let mut h = Hasher::new(b"value-bytes");
+        h.field(b'B', bytes);
+        h.finish()
+    }
+
+    /// The stored form: version byte, then the 32 digest bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The scheme version this fingerprint was made with.
+    #[must_use]
+    pub const fn version(&self) -> u8 {
+        self.0[0]
+    }
+
+    /// Reads back the stored form; `None` when `bytes` is not 33 bytes long.
+    #[must_use]
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        <[u8; 33]>::try_from(bytes).ok().map(Self)
+    }
+
+    /// Lower-case hex of the stored form.
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex())
+    }
+}
+
+/// Length-prefixed SHA-256 input.
+struct Hasher(Sha256);
+
+impl Hasher {
+    fn new(kind: &[u8]) -> Self {
+        let mut h = Self(Sha256::new());
+        h.0.update(DOMAIN);
+        h.field(b'K', kind);
+        h
+    }
+
+    fn field(&mut self, tag: u8, bytes: &[u8]) {
+        self.0.update([tag]);
+        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(bytes);
+    }
+
+    fn finish(self) -> Fingerprint {
+        let mut out = [0u8; 33];
+        out[0] = FINGERPRINT_VERSION;
+        out[1..].copy_from_slice(&self.0.finalize());
+        Fingerprint(out)
+    }
+}
+
+/// Computes request fingerprints; cheap to clone, configured once per verifier.
+///
+/// The default fingerprints method, path and query, `Content-Type` and the raw body.
+#[derive(Debug, Clone, Default)]
+pub struct Fingerprinter {
+    headers: Vec<HeaderName>,
+    canonical_json: bool,
+    json_fields: Option<Vec<String>>,
+}
+
+impl Fingerprinter {
+    /// Method, path and query, `Content-Type` and raw body bytes.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Also fingerprints every value of header `name` (in order), e.g. `Stripe-Account`
+    /// or `Accept` when they change what the request does.
+    ///
+    /// ```
+    /// use idemkey::fingerprint::Fingerprinter;
+    /// let fp = Fingerprinter::new().header(http::HeaderName::from_static("stripe-account"));
+    /// # let _ = fp;
+    /// ```
+    #[must_use]
+    pub fn header(mut self, name: HeaderName) -> Self {
+        if !self.headers.contains(&name) {
+            self.headers.push(name);
+        }
+        self
+    }
+
+    /// Canonicalises JSON bodies (RFC 8785) so that key order, whitespace and number
+    /// spelling (`1.0` and `1`) do not change the fingerprint. Applies to bodies whose
+    /// `Content-Type` is `application/json` or `*+json` and that parse as JSON; other
+    /// bodies are fingerprinted raw.
+    #[must_use]
+    pub fn canonical_json(mut self) -> Self {
+        self.canonical_json = true;
+        self
+    }
+
+    /// Fingerprints only the JSON fields named by these JSON pointers (RFC 6901, like
+    /// `/amount` or `/customer/id`), each canonicalised; for APIs whose bodies carry
+    /// volatile fields (timestamps, trace ids) that a retry may change. A body that is
+    /// not JSON is fingerprinted raw.
+    ///
+    /// ```
+    /// use idemkey::fingerprint::Fingerprinter;
+    /// use http::{Method, HeaderMap, Uri};
+    /// let fp = Fingerprinter::new().json_fields(["/amount", "/currency"]);
+    /// let uri = Uri::from_static("/v1/charges");
+    /// let h = HeaderMap::new();
+    /// let a = fp.fingerprint(&Method::POST, &uri, &h, br#"{"amount":1,"currency":"eur","sent_at":1}"#);
+    /// let b = fp.fingerprint(&Method::POST, &uri, &h, br#"{"amount":1,"currency":"eur","sent_at":2}"#);
+    /// assert_eq!(a, b);
+    /// ```
+    #[must_use]
+    pub fn json_fields<I, S>(mut self, pointers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.json_fields = Some(pointers.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The fingerprint of a request given by its parts.
+    #[must_use]
+    pub fn fingerprint(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Fingerprint {
+        let mut h = Hasher::new(b"http-request");
+        h.field(
+            b'O',
+            &[
+                u8::from(self.canonical_json),
+                u8::from(self.json_fields.is_some()),
+            ],
+        );
+        h.field(b'M', method.as_str().as_bytes());
+        h.field(
+            b'P',
+            uri.path_and_query()
+                .map_or("/", |pq| pq.as_str())
+                .as_bytes(),
+        );
+        match headers.get(CONTENT_TYPE) {
+            Some(v) => h.field(b'T', v.as_bytes()),
+            None => h.field(b't', b""),
+        }
+        for name in &self.headers {
+            h.field(b'H', name.as_str().as_bytes());
+            let values = headers.get_all(name);
+            h.field(b'N', &(values.iter().count() as u64).to_be_bytes());
+            for v in values {
+                h.field(b'V', v.as_bytes());
+            }
+        }
+        self.body(&mut h, headers, body);
+        h.finish()
+    }
+
+    /// [`Fingerprinter::fingerprint`] of request parts.
+    #[must_use]
+    pub fn fingerprint_parts(&self, parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
+        self.fingerprint(&parts.method, &parts.uri, &parts.headers, body)
+    }
+
+    fn body(&self, h: &mut Hasher, headers: &HeaderMap, body: &[u8]) {
+        let wants_json = self.canonical_json || self.json_fields.is_some();
+        let value = (wants_json && (self.json_fields.is_some() || is_json(headers)))
+            .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
+            .flatten();
+        let Some(value) = value else {
+            h.field(b'R', body);
+            return;
+        };
+        match &self.json_fields {
+            None => match serde_json_canonicalizer::to_vec(&value) {
+                Ok(c) => h.field(b'C', &c),
+                Err(_) => h.field(b'R', body),
+            },
+            Some(pointers) => {
+                h.field(b'F', &(pointers.len() as u64).to_be_bytes());
+                for p in pointers {
+                    h.field(b'p', p.as_bytes());
+                    match value
+                        .pointer(p)
+                        .and_then(|v| serde_json_canonicalizer::to_vec(v).ok())
+                    {
+                        Some(c) => h.field(b'v', &c),
+                        None => h.field(b'a', b""),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn json_headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h
+    }
+
+    #[test]
+    fn every_field_counts() {
+        let fp = Fingerprinter::new();
+        let uri = Uri::from_static("/a?x=1");
+        let h = json_headers();
+        let base = fp.fingerprint(&Method::POST, &uri, &h, b"{}");
+        assert_eq!(base, fp.fingerprint(&Method::POST, &uri, &h, b"{}"));
+        assert_eq!(base.version(), FINGERPRINT_VERSION);
+        assert_ne!(base, fp.fingerprint(&Method::PUT, &uri, &h, b"{}"));
+        assert_ne!(
+            base,
+            fp.fingerprint(&Method::POST, &Uri::from_static("/a?x=2"), &h, b"{}")
+        );
+        assert_ne!(
+            base,
+            fp.fingerprint(&Method::POST, &uri, &HeaderMap::new(), b"{}")
+        );
+        assert_ne!(base, fp.fingerprint(&Method::POST, &uri, &h, b"{ }"));
+        let mut empty_ct = HeaderMap::new();
+        empty_ct.insert(CONTENT_TYPE, HeaderValue::from_static(""));
+        assert_ne!(
+            fp.fingerprint(&Method::POST, &uri, &empty_ct, b""),
+            fp.fingerprint(&Method::POST, &uri, &HeaderMap::new(), b"")
+        );
+    }
+
+    #[test]
+    fn length_prefixes_prevent_shifting() {
+        let fp = Fingerprinter::new();
+        let mut h1 = HeaderMap::new();
+        h1.insert(CONTENT_TYPE, HeaderValue::from_static("ab"));
+        let mut h2 = HeaderMap::new();
+        h2.insert(CONTENT_TYPE, HeaderValue::from_static("a"));
+        let uri = Uri::from_static("/");
+        assert_ne!(
+            fp.fingerprint(&Method::POST, &uri, &h1, b"c"),
+            fp.fingerprint(&Method::POST, &uri, &h2, b"bc")
+        );
+    }
+
+    #[test]
+    fn extra_headers_opt_in() {
+        let name = HeaderName::from_static("stripe-account");
+        let uri = Uri::from_static("/");
+        let mut a = HeaderMap::new();
+        a.insert(&name, HeaderValue::from_static("acct_1"));
+        let mut b = HeaderMap::new();
+        b.insert(&name, HeaderValue::from_static("acct_2"));
+        let plain = Fingerprinter::new();
+        assert_eq!(
+            plain.fingerprint(&Method::POST, &uri, &a, b""),
+            plain.fingerprint(&Method::POST, &uri, &b, b"")
+        );
+        let with = Fingerprinter::new().header(name);
+        assert_ne!(
+            with.fingerprint(&Method::POST, &uri, &a, b""),
+            with.fingerprint(&Method::POST, &uri, &b, b"")
+        );
+    }
+
+    #[test]
+    fn canonical_json_only_for_json() {
+        let fp = Fingerprinter::new().canonical_json();
+        let uri = Uri::from_static("/");
+        let h = json_headers();
+        assert_eq!(
+            fp.fingerprint(&Method::POST, &uri, &h, br#"{"a":1.0,"b":[1,2]}"#),
+            fp.fingerprint(&Method::POST, &uri, &h, br#"{ "b": [1, 2], "a": 1 }"#)
+        );
+        let text = HeaderMap::new();
+        assert_ne!(
+            fp.fingerprint(&Method::POST, &uri, &text, br#"{"a":1}"#),
+            fp.fingerprint(&Method::POST, &uri, &text, br#"{ "a": 1 }"#)
+        );
+        // Not JSON despite the header: raw, and never equal to a canonical form.
+        assert_ne!(
+            fp.fingerprint(&Method::POST, &uri, &h, b"{"),
+            Fingerprinter::new().fingerprint(&Method::POST, &uri, &h, b"{")
+        );
+    }
+
+    #[test]
+    fn json_field_subset() {
+        let fp = Fingerprinter::new().json_fields(["/amount", "/missing"]);
+        let uri = Uri::from_static("/");
+        let h = json_headers();
+        let a = fp.fingerprint(&Method::POST, &uri, &h, br#"{"amount":1,"t":1}"#);
+        assert_eq!(
+            a,
+            fp.fingerprint(&Method::POST, &uri, &h, br#"{"t":2,"amount":1}"#)
+        );
+        assert_ne!(
+            a,
+            fp.fingerprint(&Method::POST, &uri, &h, br#"{"amount":2,"t":1}"#)
+        );
+        assert_ne!(
+            a,
+            fp.fingerprint(&Method::POST, &uri, &h, br#"{"amount":1,"missing":null}"#)
+        );
+    }
+
+    #[test]
+    fn stored_form_round_trips() {
+        let f = Fingerprint::of_bytes(b"job-1");
+        assert_eq!(Fingerprint::from_bytes(f.as_bytes()), Some(f));
+        assert_eq!(Fingerprint::from_bytes(b"short"), None);
+        assert_ne!(
+            Fingerprint::of_bytes(b"1"),
+            Fingerprint::of_json(&1).unwrap_or_else(|e| panic!("{e}"))
+        );
+    }
+}

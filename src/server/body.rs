@@ -1,0 +1,193 @@
+//! The body types the layer hands to the inner service and back to the caller.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+
+/// The error type of boxed bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The response body of the idempotency layer: buffered bytes (a replay, a problem, a
+/// response that was stored) or the inner service's body passed through (a route where
+/// keys are off, or a response too large to store whose first bytes were buffered).
+pub struct ResponseBody {
+    kind: RespKind,
+}
+
+enum RespKind {
+    Full(Option<Bytes>),
+    Stream {
+        prefix: Option<Bytes>,
+        rest: UnsyncBoxBody<Bytes, BoxError>,
+    },
+}
+
+impl ResponseBody {
+    /// A body of these bytes.
+    #[must_use]
+    pub fn full(bytes: Bytes) -> Self {
+        Self {
+            kind: RespKind::Full((!bytes.is_empty()).then_some(bytes)),
+        }
+    }
+
+    /// `prefix`, then whatever `rest` yields.
+    pub(crate) fn chain<B>(prefix: Bytes, rest: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self {
+            kind: RespKind::Stream {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                rest: rest.map_err(Into::into).boxed_unsync(),
+            },
+        }
+    }
+
+    /// Another body passed through unchanged.
+    pub(crate) fn wrap<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self::chain(Bytes::new(), body)
+    }
+}
+
+impl Default for ResponseBody {
+    fn default() -> Self {
+        Self::full(Bytes::new())
+    }
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            RespKind::Full(b) => f
+                .debug_tuple("ResponseBody::Full")
+                .field(&b.as_ref().map_or(0, Bytes::len))
+                .finish(),
+            RespKind::Stream { .. } => f.write_str("ResponseBody::Stream"),
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            RespKind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            RespKind::Stream { prefix, rest } => match prefix.take() {
+                Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
+                None => Pin::new(rest).poll_frame(cx),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            RespKind::Full(b) => b.is_none(),
+            RespKind::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            RespKind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            RespKind::Stream { prefix, rest } => {
+                let p = prefix.as_ref().map_or(0, |b| b.len() as u64);
+                let r = rest.size_hint();
+                let mut h = SizeHint::new();
+                h.set_lower(r.lower().saturating_add(p));
+                if let Some(u) = r.upper() {
+                    h.set_upper(u.saturating_add(p));
+                }
+                h
+            }
+        }
+    }
+}
+
+/// The request body the layer hands to the inner service: the buffered bytes it
+/// fingerprinted, or the original body on requests the verifier does not guard.
+pub struct RequestBody<B> {
+    kind: ReqKind<B>,
+}
+
+enum ReqKind<B> {
+    Buffered(Option<Bytes>),
+    Passthrough(Pin<Box<B>>),
+}
+
+impl<B> RequestBody<B> {
+    /// A buffered body.
+    #[must_use]
+    pub fn buffered(bytes: Bytes) -> Self {
+        Self {
+            kind: ReqKind::Buffered((!bytes.is_empty()).then_some(bytes)),
+        }
+    }
+
+    /// The original body, unread.
+    #[must_use]
+    pub fn passthrough(body: B) -> Self {
+        Self {
+            kind: ReqKind::Passthrough(Box::pin(body)),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for RequestBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            ReqKind::Buffered(b) => f
+                .debug_tuple("RequestBody::Buffered")
+                .field(&b.as_ref().map_or(0, Bytes::len))
+                .finish(),
+            ReqKind::Passthrough(_) => f.write_str("RequestBody::Passthrough"),
+        }
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            ReqKind::Buffered(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ReqKind::Passthrough(body) => body.as_mut().poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            ReqKind::Buffered(b) => b.is_none(),
+            ReqKind::Passthrough(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            ReqKind::Buffered(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            ReqKind::Passthrough(body) => body.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The function-level API: run an async closure at most once per (scope, key,
+//! fingerprint), for queue consumers, jobs and webhook processors.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::engine::{Begin, Engine};
+use super::record::Record;
+use super::rejection::Rejection;
+use crate::IdempotencyKey;
+use crate::fingerprint::Fingerprint;
+
+/// The result of [`Engine::once`]: the closure's value, and whether it was replayed
+/// from the store rather than computed now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Once<T> {
+    value: T,
+    replayed: bool,
+}
+
+impl<T> Once<T> {
+    /// The value.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The value, owned.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// `true` when the closure did not run now: the value was recorded by an earlier
+    /// run with the same key and fingerprint.
+    pub fn is_replayed(&self) -> bool {
+        self.replayed
+    }
+}
+
+/// Why [`Engine::once`] gave no value. The kind is queried with `is_*()`.
+pub struct OnceError<E> {
+    kind: Kind<E>,
+}
+
+enum Kind<E> {
+    Rejected(Rejection),
+    Failed(E),
+    Encode(serde_json::Error),
+    Decode(String),
+}
+
+impl<E> OnceError<E> {
+    /// Another run with this key is in progress: retry after [`OnceError::retry_after`]
+    /// (requeue the message).
+    pub fn is_in_progress(&self) -> bool {
+        matches!(&self.kind, Kind::Rejected(r) if r.is_in_progress())
+    }
+
+    /// The key was used with a different fingerprint: a different operation reused it.
+    pub fn is_key_reused(&self) -> bool {
+        matches!(&self.kind, Kind::Rejected(r) if r.is_key_reused())
+    }
+
+    /// The store failed; nothing ran. Retry later.
+    pub fn is_store_unavailable(&self) -> bool {
+        matches!(&self.kind, Kind::Rejected(r) if r.is_store_unavailable())
+    }
+
+    /// The closure ran and failed; the key was released, so a retry runs it again.
+    pub fn is_failed(&self) -> bool {
+        matches!(self.kind, Kind::Failed(_))
+    }
+
+    /// The closure's value could not be serialised: it ran, but its result was not
+    /// recorded and the key was released.
+    pub fn is_encode(&self) -> bool {
+        matches!(self.kind, Kind::Encode(_))
+    }
+
+    /// A recorded value could not be read back as the requested type (the type changed
+    /// since it was recorded, or the key was used by the HTTP layer).
+    pub fn is_decode(&self) -> bool {
+        matches!(self.kind, Kind::Decode(_))
+    }
+
+    /// When to retry an `in-progress` or `store-unavailable` error.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match &self.kind {
+            Kind::Rejected(r) => r.retry_after(),
+            _ => None,
+        }
+    }
+
+    /// The closure's error, when it failed.
+    pub fn failure(&self) -> Option<&E> {
+        match &self.kind {
+            Kind::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The closure's error, owned, when it failed.
+    pub fn into_failure(self) -> Option<E> {
+        match self.kind {
+            Kind::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for OnceError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Rejected(r) => write!(f, "{r}"),
+            Kind::Failed(e) => write!(
+                f,
+                "the operation failed (its key was released, a retry runs it again): {e}"
+            ),
+            Kind::Encode(e) => write!(
+                f,
+                "the operation ran, but its result could not be serialised to be recorded (the key was released): {e}"
+            ),
+            Kind::Decode(e) => write!(
+                f,
+                "the recorded result of this key cannot be read as the requested type: {e}; was the key used for another operation?"
+            ),
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for OnceError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Rejected(r) => f.debug_tuple("OnceError::Rejected").field(r).finish(),
+            Kind::Failed(e) => f.debug_tuple("OnceError::Failed").field(e).finish(),
+            Kind::Encode(e) => f.debug_tuple("OnceError::Encode").field(e).finish(),
+            Kind::Decode(e) => f.debug_tuple("OnceError::Decode").field(e).finish(),
+        }
+    }
+}
+
+impl<E> std::error::Error for OnceError<E>
+where
+    E: std::error::Error + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            Kind::Rejected(r) => Some(r),
+            Kind::Failed(e) => Some(e),
+            Kind::Encode(e) => Some(e),
+            Kind::Decode(_) => None,
+        }
+    }
+}
+
+impl Engine {
+    /// Runs `f` at most once per (`scope`, `key`, `fingerprint`) and returns its value;
+    /// later calls with the same three get the recorded value back (deserialised)
+    /// without running `f`.
+    ///
+    /// `Ok` values are recorded for the engine's retention; an `Err` releases the key,
+    /// so the next call runs `f` again. The lease is renewed while `f` runs. If this
+    /// future is dropped while `f` runs, the key is released (in the background).
+    ///
+    /// # Errors
+    /// [`OnceError`]: in progress elsewhere (requeue after
+    /// [`OnceError::retry_after`]), key reused with another fingerprint, store
+    /// unavailable, `f` failed, or the value could not be recorded or read back.
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::Engine;
+    /// use idemkey::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let msg = serde_json::json!({"order": 42, "action": "ship"});
+    /// let key = IdempotencyKey::new("msg-0001")?;
+    /// let fp = Fingerprint::of_json(&msg)?;
+    ///
+    /// let first = engine.once("orders", &key, &fp, || async { Ok::<_, std::io::Error>(format!("shipment for {}", msg["order"])) }).await?;
+    /// let again = engine.once("orders", &key, &fp, || async { Ok::<_, std::io::Error>(unreachable!()) }).await?;
+    /// assert!(!first.is_replayed());
+    /// assert!(again.is_replayed());
+    /// assert_eq!(first.value(), again.value());
+    /// # Ok(()) }
+    /// ```
+    pub async fn once<T, E, F, Fut>(
+        &self,
+        scope: &str,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        f: F,
+    ) -> Result<Once<T>, OnceError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let rejected = |r| OnceError {
+            kind: Kind::Rejected(r),
+        };
+        match self
+            .begin(scope, key, fingerprint)
+            .await
+            .map_err(rejected)?
+        {
+            Begin::Replay(payload) => decode(payload).map(|value| Once {
+                value,
+                replayed: true,
+            }),
+            Begin::Unguarded => match f().await {
+                Ok(value) => Ok(Once {
+                    value,
+                    replayed: false,
+                }),
+                Err(e) => Err(OnceError {
+                    kind: Kind::Failed(e),
+                }),
+            },
+            Begin::Execute(mut exec) => {
+                let result = exec.run(f()).await;
+                let value = match result {
+                    Ok(v) => v,
+                    Err(e) => {
+                        if let Err(se) = exec.release().await {
+                            tracing::warn!(error = %se, "could not release the key of a failed operation");
+                        }
+                        return Err(OnceError {
+                            kind: Kind::Failed(e),
+                        });
+                    }
+                };
+                let json = match serde_json::to_vec(&value) {
+                    Ok(j) => j,
+                    Err(e) => {
+                        if let Err(se) = exec.release().await {
+                            tracing::warn!(error = %se, "could not release the key");
+                        }
+                        return Err(OnceError {
+                            kind: Kind::Encode(e),
+                        });
+                    }
+                };
+                if let Err(e) = exec
+                    .complete(Record::Value(Bytes::from(json)).encode())
+                    .await
+                {
+                    tracing::warn!(error = %e, "the operation ran but its result was not recorded");
+                }
+                Ok(Once {
+                    value,
+                    replayed: false,
+                })
+            }
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned, E>(payload: Bytes) -> Result<T, OnceError<E>> {
+    let err = |m: String| OnceError {
+        kind: Kind::Decode(m),
+    };
+    match Record::decode(payload).map_err(err)? {
+        Record::Value(json) => serde_json::from_slice(&json).map_err(|e| err(e.to_string())),
+        _ => Err(err("the record holds an HTTP response".into())),
+    }
+}

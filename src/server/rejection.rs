@@ -1,0 +1,320 @@
+//! Rejections: every answer the verifier gives instead of running the handler, as an
+//! RFC 9457 `application/problem+json` response that carries its own status.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+
+use super::body::ResponseBody;
+
+/// The prefix of every problem `type` this crate sends; the case name follows it
+/// (`urn:idemkey:problem:key-reused`). Clients may match on the case name alone.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:idemkey:problem:";
+
+/// The media type of problem responses.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Why the verifier answered instead of the handler.
+///
+/// Carries its status ([`Rejection::status`]), a stable problem type
+/// ([`Rejection::problem_type`]) and, for the cases a client should retry later, a
+/// `Retry-After` ([`Rejection::retry_after`]). Turn it into a response with
+/// [`Rejection::into_response`] (works as an axum handler's return value too, since
+/// `http::Response<ResponseBody>` implements axum's `IntoResponse`).
+///
+/// | problem type | status | handler ran? |
+/// |---|---|---|
+/// | `missing-key` | 400 | no |
+/// | `invalid-key` | 400 | no |
+/// | `body-too-large` | 413 | no |
+/// | `body-unreadable` | 400 | no |
+/// | `key-reused` | 422 (400 in Stripe-compatible mode) | no |
+/// | `in-progress` | 409 + `Retry-After` | no |
+/// | `store-unavailable` | 503 + `Retry-After` | no |
+/// | `record-unreadable` | 500 | no |
+/// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
+/// | `scope-rejected` | chosen by the scope extractor | no |
+/// | `response-failed` | 500 | yes, but its response body failed; the key was released |
+///
+/// ```
+/// use idemkey::server::Rejection;
+/// let r = Rejection::missing_key("the `Idempotency-Key` header");
+/// assert_eq!(r.status(), http::StatusCode::BAD_REQUEST);
+/// assert_eq!(r.problem_type(), "missing-key");
+/// let resp = r.into_response();
+/// assert_eq!(resp.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Rejection {
+    kind: Kind,
+    status: StatusCode,
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    MissingKey,
+    InvalidKey,
+    BodyTooLarge,
+    BodyUnreadable,
+    KeyReused,
+    InProgress,
+    StoreUnavailable,
+    RecordUnreadable,
+    ResponseNotStored,
+    ScopeRejected,
+    ResponseFailed,
+}
+
+impl Kind {
+    const fn name(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing-key",
+            Self::InvalidKey => "invalid-key",
+            Self::BodyTooLarge => "body-too-large",
+            Self::BodyUnreadable => "body-unreadable",
+            Self::KeyReused => "key-reused",
+            Self::InProgress => "in-progress",
+            Self::StoreUnavailable => "store-unavailable",
+            Self::RecordUnreadable => "record-unreadable",
+            Self::ResponseNotStored => "response-not-stored",
+            Self::ScopeRejected => "scope-rejected",
+            Self::ResponseFailed => "response-failed",
+        }
+    }
+
+    const fn title(self) -> &'static str {
+        match self {
+            Self::MissingKey => "Idempotency key missing",
+            Self::InvalidKey => "Idempotency key malformed",
+            Self::BodyTooLarge => "Request body too large",
+            Self::BodyUnreadable => "Request body unreadable",
+            Self::KeyReused => "Idempotency key reused with a different request",
+            Self::InProgress => "A request with this idempotency key is in progress",
+            Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::RecordUnreadable => "Stored idempotency record unreadable",
+            Self::ResponseNotStored => "Original response was not stored",
+            Self::ScopeRejected => "Request scope rejected",
+            Self::ResponseFailed => "Response body failed",
+        }
+    }
+}
+
+fn secs_ceil(d: Duration) -> u64 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1)
+}
+
+impl Rejection {
+    fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            status,
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400 `missing-key`: the route requires a key and the request has none.
+    #[must_use]
+    pub fn missing_key(source: &str) -> Self {
+        Self::new(
+            Kind::MissingKey,
+            StatusCode::BAD_REQUEST,
+            format!(
+                "this endpoint requires an idempotency key in {source}; send a unique value (a random UUID) and reuse it when retrying"
+            ),
+        )
+    }
+
+    /// 400 `invalid-key`: the key is not 1 to 255 characters of visible ASCII.
+    #[must_use]
+    pub fn invalid_key(why: impl fmt::Display) -> Self {
+        Self::new(Kind::InvalidKey, StatusCode::BAD_REQUEST, why.to_string())
+    }
+
+    /// 413 `body-too-large`: the body is over the verifier's buffering limit.
+    #[must_use]
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            Kind::BodyTooLarge,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {limit} bytes, the limit of this endpoint"),
+        )
+    }
+
+    /// 400 `body-unreadable`: the request body failed while it was read.
+    #[must_use]
+    pub fn body_unreadable(why: impl fmt::Display) -> Self {
+        Self::new(
+            Kind::BodyUnreadable,
+            StatusCode::BAD_REQUEST,
+            format!("the request body could not be read ({why}); send the request again"),
+        )
+    }
+
+    /// `key-reused` with `status` (422, or 400 in Stripe-compatible mode).
+    #[must_use]
+    pub fn key_reused(status: StatusCode) -> Self {
+        Self::new(
+            Kind::KeyReused,
+            status,
+            "this idempotency key was already used for a different request (method, path, content type or body differ); use a new key for a new request",
+        )
+    }
+
+    /// 409 `in-progress`, retry after `lease_remaining` (rounded up, at least 1 s).
+    #[must_use]
+    pub fn in_progress(lease_remaining: Duration) -> Self {
+        let mut r = Self::new(
+            Kind::InProgress,
+            StatusCode::CONFLICT,
+            "a request with this idempotency key is still being processed; retry after the time given in Retry-After to receive its response",
+        );
+        r.retry_after = Some(Duration::from_secs(secs_ceil(lease_remaining)));
+        r
+    }
+
+    /// 503 `store-unavailable`, retry after `retry_after`; nothing was executed.
+    #[must_use]
+    pub fn store_unavailable(retry_after: Duration) -> Self {
+        let mut r = Self::new(
+            Kind::StoreUnavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the idempotency store cannot be reached, so the request was not executed; retry with the same key later",
+        );
+        r.retry_after = Some(Duration::from_secs(secs_ceil(retry_after)));
+        r
+    }
+
+    /// 500 `record-unreadable`: a completed record exists but cannot be decoded.
+    #[must_use]
+    pub fn record_unreadable(why: impl fmt::Display) -> Self {
+        Self::new(
+            Kind::RecordUnreadable,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "the request was executed before, but its stored response cannot be read ({why}); it will not be executed again"
+            ),
+        )
+    }
+
+    /// 410 `response-not-stored`: the request was executed, but its response was larger
+    /// than the storage limit and was not kept.
+    #[must_use]
+    pub fn response_not_stored(size_hint: u64, limit: usize) -> Self {
+        Self::new(
+            Kind::ResponseNotStored,
+            StatusCode::GONE,
+            format!(
+                "the request with this idempotency key was executed, but its response (over {size_hint} bytes) exceeded the storage limit of {limit} bytes and cannot be replayed; it will not be executed again; look the result up instead"
+            ),
+        )
+    }
+
+    /// `scope-rejected` with a status of the scope extractor's choice (401 for a
+    /// missing credential, say).
+    #[must_use]
+    pub fn scope_rejected(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self::new(Kind::ScopeRejected, status, detail)
+    }
+
+    /// 500 `response-failed`: the handler ran but its response body failed while it
+    /// was read; the key was released so that a retry executes again.
+    #[must_use]
+    pub fn response_failed(why: impl fmt::Display) -> Self {
+        Self::new(
+            Kind::ResponseFailed,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the response body failed while it was read ({why}); retry with the same key"),
+        )
+    }
+
+    /// The HTTP status of the problem response.
+    #[must_use]
+    pub const fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The problem's case name, stable across releases (`"key-reused"`).
+    #[must_use]
+    pub const fn problem_type(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The human-readable explanation sent as `detail`.
+    #[must_use]
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The `Retry-After` sent with `in-progress` and `store-unavailable`.
+    #[must_use]
+    pub const fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// `true` for `in-progress` (409).
+    #[must_use]
+    pub fn is_in_progress(&self) -> bool {
+        self.kind == Kind::InProgress
+    }
+
+    /// `true` for `key-reused` (422 or 400).
+    #[must_use]
+    pub fn is_key_reused(&self) -> bool {
+        self.kind == Kind::KeyReused
+    }
+
+    /// `true` for `store-unavailable` (503).
+    #[must_use]
+    pub fn is_store_unavailable(&self) -> bool {
+        self.kind == Kind::StoreUnavailable
+    }
+
+    /// `true` for `missing-key` and `invalid-key`.
+    #[must_use]
+    pub fn is_key_error(&self) -> bool {
+        matches!(self.kind, Kind::MissingKey | Kind::InvalidKey)
+    }
+
+    /// The problem document (RFC 9457).
+    #[must_use]
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "type": format!("{PROBLEM_TYPE_PREFIX}{}", self.kind.name()),
+            "title": self.kind.title(),
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        if let (Some(ra), Some(obj)) = (self.retry_after, v.as_object_mut()) {
+            obj.insert("retry_after".into(), ra.as_secs().into());
+        }
+        v
+    }
+
+    /// The `application/problem+json` response, with `Retry-After` where it applies.
+    #[must_use]
+    pub fn into_response(self) -> http::Response<ResponseBody> {
+        let body = Bytes::from(self.to_json().to_string());
+        let mut resp = http::Response::new(ResponseBody::full(body));
+        *resp.status_mut() = self.status;
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(ra) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
+        }
+        resp
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): {}", self.kind.name(), self.status, self.detail)
+    }
+}
+
+impl std::error::Error for Rejection {}
