@@ -27,4 +27,7 @@ pub mod server;
 #[cfg(feature = "server")]
 pub mod store;
 
+#[cfg(feature = "test-util")]
+pub mod testing;
+
 pub use key::{IdempotencyKey, InvalidKey};

@@ -21,17 +21,34 @@
 //! 4. A completed record is returned by every claim until its retention ends, then it
 //!    counts as absent and is removed (by TTL or by [`Store::sweep`]).
 //!
-//! Stores: [`MemoryStore`] (embedded, the default) here; SQLite, Redis and PostgreSQL
-//! behind their features.
+//! Stores: [`MemoryStore`] (embedded, the default); `SqliteStore` (feature `sqlite`,
+//! embedded and durable); `RedisStore` (feature `redis`, shared); `PostgresStore`
+//! (feature `postgres`, shared and durable). [`open`] picks one by connection string.
 
 mod memory;
+mod open;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
+pub use open::{OpenError, open};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 
 /// The address of a record: SHA-256 over the length-prefixed scope and key.
 ///

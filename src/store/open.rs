@@ -1,0 +1,168 @@
+//! Choosing a store by connection string.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{MemoryStore, Store, StoreError};
+
+/// Opens the store named by `url`, ready to use (SQL schemas created if missing):
+///
+/// | URL | store | feature |
+/// |---|---|---|
+/// | `memory` (or `memory://`) | [`MemoryStore`] | `server` |
+/// | `redis://[:password@]host[:port][/db]`, `rediss://...` | `RedisStore` | `redis` |
+/// | `postgres://user[:password]@host[:port]/database` (or `postgresql://`) | `PostgresStore` | `postgres` |
+/// | `sqlite://PATH` (`sqlite:///abs/path` or `sqlite://relative/path`) | `SqliteStore` | `sqlite` |
+///
+/// Each store is built with its defaults; use its builder (key prefix, table name, pool
+/// size, timeouts) for anything else.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idemkey::store::OpenError> {
+/// let store = idemkey::store::open("memory").await?;
+/// # let _ = store;
+/// let err = idemkey::store::open("mysql://db/app").await.err().expect("no MySQL store");
+/// assert!(err.is_unsupported());
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`OpenError::is_unsupported`] for an unknown scheme or one whose store was not
+/// compiled in (the message names the Cargo feature to enable);
+/// [`OpenError::is_unavailable`] when the store cannot be reached or set up.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+    match scheme {
+        "memory" => Ok(Arc::new(MemoryStore::new())),
+        "redis" | "rediss" => open_redis(url).await,
+        "postgres" | "postgresql" => open_postgres(url).await,
+        "sqlite" => open_sqlite(url).await,
+        _ => Err(OpenError::unsupported(format!(
+            "unknown store URL {url:?}: use memory, redis://, postgres:// or sqlite://PATH"
+        ))),
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn open_redis(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Ok(Arc::new(super::RedisStore::connect(url).await?))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn open_redis(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::missing_feature(url, "redis"))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let store = super::PostgresStore::connect(url).await?;
+    store.migrate().await?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::missing_feature(url, "postgres"))
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let path = url.strip_prefix("sqlite://").unwrap_or_default();
+    if path.is_empty() {
+        return Err(OpenError::unsupported(format!(
+            "{url:?} names no file: use sqlite://PATH"
+        )));
+    }
+    Ok(Arc::new(super::SqliteStore::open(path).await?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::missing_feature(url, "sqlite"))
+}
+
+/// Why [`open`] could not open a store.
+#[derive(Debug)]
+pub struct OpenError {
+    kind: OpenErrorKind,
+}
+
+#[derive(Debug)]
+enum OpenErrorKind {
+    Unsupported(String),
+    Store(StoreError),
+}
+
+impl OpenError {
+    fn unsupported(message: String) -> Self {
+        Self {
+            kind: OpenErrorKind::Unsupported(message),
+        }
+    }
+
+    #[cfg_attr(
+        all(feature = "redis", feature = "postgres", feature = "sqlite"),
+        allow(dead_code)
+    )]
+    fn missing_feature(url: &str, feature: &str) -> Self {
+        let scheme = url.split_once("://").map_or(url, |(s, _)| s);
+        Self::unsupported(format!(
+            "{scheme}:// stores need idemkey's `{feature}` feature, which this build lacks: \
+             enable it in Cargo.toml (idemkey = {{ features = [\"{feature}\"] }})"
+        ))
+    }
+
+    /// `true` when the URL's scheme is unknown or its store was not compiled in.
+    #[must_use]
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, OpenErrorKind::Unsupported(_))
+    }
+
+    /// `true` when the store was recognised but could not be reached or set up.
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        matches!(&self.kind, OpenErrorKind::Store(e) if e.is_unavailable())
+    }
+}
+
+impl From<StoreError> for OpenError {
+    fn from(e: StoreError) -> Self {
+        Self {
+            kind: OpenErrorKind::Store(e),
+        }
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            OpenErrorKind::Unsupported(m) => f.write_str(m),
+            OpenErrorKind::Store(e) => write!(f, "could not open the store: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            OpenErrorKind::Unsupported(_) => None,
+            OpenErrorKind::Store(e) => Some(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open;
+
+    #[tokio::test]
+    async fn unknown_and_empty_urls_are_unsupported() {
+        for url in ["mysql://x/y", "", "file:///tmp/x"] {
+            let err = open(url).await.err().expect("unsupported");
+            assert!(err.is_unsupported(), "{url}: {err}");
+        }
+        let msg = super::OpenError::missing_feature("redis://h", "redis").to_string();
+        assert!(msg.contains("`redis` feature"), "{msg}");
+    }
+}

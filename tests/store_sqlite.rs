@@ -1,0 +1,171 @@
+//! SQLite-specific behaviour: records survive a restart and a crash of the process.
+
+mod support;
+
+use std::time::Duration;
+
+use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId, SqliteStore, Store};
+
+const LONG: Duration = Duration::from_secs(3600);
+
+/// Claims and completes `id` with `payload`.
+async fn complete(store: &SqliteStore, id: &RecordId, payload: &'static str) {
+    let token = FencingToken::random();
+    let claim = store
+        .claim(ClaimRequest {
+            id,
+            fingerprint: b"fp",
+            token,
+            lease: LONG,
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claim, Claim::Acquired { takeover: false });
+    store
+        .complete(id, token, payload.into(), LONG)
+        .await
+        .expect("complete");
+}
+
+async fn expect_completed(store: &SqliteStore, id: &RecordId, payload: &'static str) {
+    let claim = store
+        .claim(ClaimRequest {
+            id,
+            fingerprint: b"other",
+            token: FencingToken::random(),
+            lease: LONG,
+        })
+        .await
+        .expect("claim");
+    assert_eq!(
+        claim,
+        Claim::Completed {
+            fingerprint: "fp".into(),
+            payload: payload.into()
+        },
+        "the completed record must survive"
+    );
+}
+
+#[tokio::test]
+async fn records_survive_reopening_the_file() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("records.db");
+    let id = RecordId::new("t", "k");
+    let held = RecordId::new("t", "held");
+    let owner = FencingToken::random();
+    {
+        let store = SqliteStore::open(&path).await.expect("open");
+        complete(&store, &id, "kept").await;
+        store
+            .claim(ClaimRequest {
+                id: &held,
+                fingerprint: b"h",
+                token: owner,
+                lease: LONG,
+            })
+            .await
+            .expect("claim");
+        store.close().await;
+    }
+    let store = SqliteStore::open(&path).await.expect("reopen");
+    expect_completed(&store, &id, "kept").await;
+    // A lease outlives the restart too, and its owner's token still holds it.
+    store
+        .renew(&held, owner, LONG)
+        .await
+        .expect("the lease survived the restart");
+    store.close().await;
+}
+
+/// Set in the child process of [`completed_records_survive_a_crash`].
+const CRASH_PATH: &str = "IDEMKEY_TEST_SQLITE_CRASH_PATH";
+
+/// The child half of [`completed_records_survive_a_crash`]: completes a record, then
+/// aborts the process without closing anything. A no-op when run as a plain test.
+#[tokio::test]
+async fn crash_child() {
+    let Ok(path) = std::env::var(CRASH_PATH) else {
+        return;
+    };
+    let store = SqliteStore::open(&path).await.expect("open in the child");
+    complete(&store, &RecordId::new("t", "crash"), "durable").await;
+    std::process::abort();
+}
+
+#[tokio::test]
+async fn completed_records_survive_a_crash() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("records.db");
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "crash_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CRASH_PATH, &path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run the crashing child");
+    assert!(
+        !status.success(),
+        "the child must have aborted, got {status}"
+    );
+    assert!(
+        dir.path().join("records.db-wal").exists(),
+        "the crash left the write-ahead log behind (nothing was checkpointed)"
+    );
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("reopen after the crash");
+    expect_completed(&store, &RecordId::new("t", "crash"), "durable").await;
+    store.close().await;
+}
+
+#[tokio::test]
+async fn sweep_deletes_expired_rows_and_names_are_checked() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let store = SqliteStore::builder(dir.path().join("r.db"))
+        .table("my_records")
+        .open()
+        .await
+        .expect("open");
+    let token = FencingToken::random();
+    let id = RecordId::new("t", "short");
+    store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token,
+            lease: LONG,
+        })
+        .await
+        .expect("claim");
+    store
+        .complete(&id, token, "p".into(), Duration::from_millis(50))
+        .await
+        .expect("complete");
+    complete(&store, &RecordId::new("t", "long"), "p").await;
+    let mut swept = 0;
+    for _ in 0..200 {
+        swept += store.sweep().await.expect("sweep");
+        if swept > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(swept, 1, "only the expired record is swept");
+    store.close().await;
+
+    for bad in ["a.b", "x y", ""] {
+        let err = SqliteStore::builder(dir.path().join("r.db"))
+            .table(bad)
+            .open()
+            .await
+            .expect_err("invalid table name");
+        assert!(err.is_unavailable(), "{err}");
+    }
+}
