@@ -11,8 +11,9 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use super::preset::DEFAULT_WEBHOOK_RETENTION;
-use super::source::{KeySource, SourceError};
+use super::source::KeySource;
 use crate::key::IdempotencyKey;
+use crate::server::Rejection;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
 
 /// The fingerprint recorded with every batch item (items are identified by id only).
@@ -371,7 +372,7 @@ pub struct BatchError<E> {
 
 enum ErrorKind<E> {
     NotArray(String),
-    InvalidItem { index: usize, source: SourceError },
+    InvalidItem { index: usize, source: Rejection },
     Store(StoreError),
     Handler { index: usize, source: E },
 }

@@ -46,4 +46,4 @@ mod source;
 pub use batch::{BatchDeduper, BatchError, BatchItem, BatchOutcome, DEFAULT_ITEM_LEASE};
 pub use preset::{DEFAULT_WEBHOOK_RETENTION, DeliveryId, Preset};
 pub use signature::{DEFAULT_TOLERANCE, SignatureError, StandardWebhooksVerifier};
-pub use source::{KeySource, ScopeSource, SourceError};
+pub use source::{KeySource, ScopeSource};

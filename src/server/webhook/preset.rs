@@ -5,8 +5,17 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 
-use super::source::{Input, KeySource, ScopeSource, SourceError};
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use super::source::{Input, KeySource, ScopeSource};
+use crate::fingerprint::Fingerprinter;
 use crate::key::IdempotencyKey;
+use crate::server::{
+    Engine, ExtractKey, ExtractScope, IdempotencyLayer, KeyRequirement, Rejection,
+};
 use crate::store::RecordId;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -51,7 +60,7 @@ pub const DEFAULT_WEBHOOK_RETENTION: Duration = Duration::from_secs(7 * 24 * 360
 /// // Stripe retries for up to three days: a shorter retention is raised to that floor.
 /// let short = Preset::stripe().with_retention(Duration::from_secs(3600));
 /// assert_eq!(short.retention(), Duration::from_secs(3 * 24 * 3600));
-/// # Ok::<(), idemkey::server::webhook::SourceError>(())
+/// # Ok::<(), idemkey::server::Rejection>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct Preset {
@@ -88,6 +97,29 @@ impl DeliveryId {
     #[must_use]
     pub fn record_id(&self) -> RecordId {
         RecordId::new(&self.scope, self.key.as_str())
+    }
+}
+
+/// The preset's key source: the delivery's id, or `Ok(None)` (the layer then applies the
+/// preset's requirement).
+impl ExtractKey for Preset {
+    fn extract_key(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        self.key.extract(&parts.headers, body)
+    }
+
+    fn describe(&self) -> Cow<'static, str> {
+        ExtractKey::describe(&self.key)
+    }
+}
+
+/// The preset's scope: `webhook:<name>`, or `webhook:<name>/<tenant>`.
+impl ExtractScope for Preset {
+    fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
+        self.scope_of(&parts.headers, body)
     }
 }
 
@@ -192,17 +224,17 @@ impl Preset {
     /// one: process it without deduplication.
     ///
     /// # Errors
-    /// [`SourceError`] (400): the id is required and missing (`missing-key`), or an id
+    /// [`Rejection`] (400): the id is required and missing (`missing-key`), or an id
     /// or tenant is there but unusable (`invalid-key`).
     pub fn identify(
         &self,
         headers: &HeaderMap,
         body: &[u8],
-    ) -> Result<Option<DeliveryId>, SourceError> {
+    ) -> Result<Option<DeliveryId>, Rejection> {
         let input = Input::new(headers, body);
         let Some(key) = self.key.extract_in(&input)? else {
             return if self.key_required {
-                Err(SourceError::missing(self.key.describe()))
+                Err(Rejection::missing_key(&ExtractKey::describe(&self.key)))
             } else {
                 Ok(None)
             };
@@ -214,12 +246,12 @@ impl Preset {
     /// The scope of a delivery (see [`DeliveryId::scope`]).
     ///
     /// # Errors
-    /// [`SourceError`] when the tenant is there but unusable.
-    pub fn scope_of(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, SourceError> {
+    /// [`Rejection`] when the tenant is there but unusable.
+    pub fn scope_of(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, Rejection> {
         self.scope_in(&Input::new(headers, body))
     }
 
-    fn scope_in(&self, input: &Input<'_>) -> Result<String, SourceError> {
+    fn scope_in(&self, input: &Input<'_>) -> Result<String, Rejection> {
         let tenant = match &self.scope {
             Some(s) => s.extract_in(input)?,
             None => None,
@@ -228,6 +260,41 @@ impl Preset {
             Some(t) => format!("webhook:{}/{t}", self.name),
             None => self.base_scope(),
         })
+    }
+
+    /// An [`IdempotencyLayer`] over `engine` for this sender's route: the key and scope
+    /// from this preset, a key required (or optional, see
+    /// [`Preset::with_key_required`]), the retention of [`Preset::retention`], and a
+    /// fingerprint that leaves JSON bodies out (retries of one event may differ in their
+    /// body; the id decides).
+    ///
+    /// Put signature verification *outside* this layer (added after it with axum's
+    /// `Router::layer`), so that a forged delivery never reaches the store.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idemkey::server::Engine;
+    /// use idemkey::server::webhook::Preset;
+    /// use idemkey::store::MemoryStore;
+    ///
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let app: Router = Router::new()
+    ///     .route("/webhooks/stripe", post(|| async { "ok" }))
+    ///     .layer(Preset::stripe().layer(engine));
+    /// # let _ = app;
+    /// ```
+    #[must_use]
+    pub fn layer(&self, engine: Engine) -> IdempotencyLayer {
+        IdempotencyLayer::new(engine)
+            .key(self.clone())
+            .scope(self.clone())
+            .require(if self.key_required {
+                KeyRequirement::Required
+            } else {
+                KeyRequirement::Optional
+            })
+            .fingerprinter(Fingerprinter::new().json_fields(Vec::<String>::new()))
+            .retention(self.retention())
     }
 
     /// [Standard Webhooks](https://www.standardwebhooks.com/): the `webhook-id` header.

@@ -4,12 +4,15 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use http::{HeaderMap, HeaderName, StatusCode};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::pointer::{self, Pointer, Scalar};
 use crate::key::{IdempotencyKey, InvalidKey};
+use crate::server::{ExtractKey, ExtractScope, Rejection};
 
 /// Where a delivery's id (its idempotency key) comes from.
 ///
@@ -63,7 +66,7 @@ pub struct KeySource(Field);
 /// let headers = HeaderMap::new();
 /// assert_eq!(scope.extract(&headers, br#"{"account":"acct_1"}"#)?.as_deref(), Some("acct_1"));
 /// assert_eq!(scope.extract(&headers, br#"{"id":"evt_1"}"#)?.as_deref(), Some("platform"));
-/// # Ok::<(), idemkey::server::webhook::SourceError>(())
+/// # Ok::<(), idemkey::server::Rejection>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ScopeSource(Field);
@@ -124,7 +127,7 @@ impl KeySource {
     /// assert_eq!(a, b);
     /// assert_eq!(a.expect("both present").as_str().len(), 64);
     /// assert_eq!(source.extract(&headers, br#"{"eventCode":"CAPTURE"}"#)?, None);
-    /// # Ok::<(), idemkey::server::webhook::SourceError>(())
+    /// # Ok::<(), idemkey::server::Rejection>(())
     /// ```
     #[must_use]
     pub fn composite(parts: impl IntoIterator<Item = KeySource>) -> Self {
@@ -134,42 +137,37 @@ impl KeySource {
     /// The key of a delivery, or `None` when the source finds no value.
     ///
     /// # Errors
-    /// [`SourceError`] when a value is there but unusable: a header that is not a valid
+    /// [`Rejection`] when a value is there but unusable: a header that is not a valid
     /// key, a body that is not JSON where a JSON field is needed, a JSON field that is
     /// an object, array or boolean.
     pub fn extract(
         &self,
         headers: &HeaderMap,
         body: &[u8],
-    ) -> Result<Option<IdempotencyKey>, SourceError> {
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
         self.extract_in(&Input::new(headers, body))
     }
 
-    pub(crate) fn extract_in(&self, d: &Input<'_>) -> Result<Option<IdempotencyKey>, SourceError> {
+    pub(crate) fn extract_in(&self, d: &Input<'_>) -> Result<Option<IdempotencyKey>, Rejection> {
         let Some(value) = self.0.value(d)? else {
             return Ok(None);
         };
-        let key = match value {
-            Value::Header(text) => IdempotencyKey::from_wire(text.as_bytes())
-                .map_err(|e| SourceError::invalid_key(&self.0, e))?,
-            Value::Body(text) => IdempotencyKey::new(&*text)
-                .or_else(|_| {
-                    IdempotencyKey::new(format!(
-                        "sha256:{}",
-                        hex::encode(Sha256::digest(text.as_bytes()))
-                    ))
-                })
-                .map_err(|e| SourceError::invalid_key(&self.0, e))?,
-            Value::Hashed(digest) => IdempotencyKey::new(hex::encode(digest))
-                .map_err(|e| SourceError::invalid_key(&self.0, e))?,
-        };
+        let key =
+            match value {
+                Value::Header(text) => IdempotencyKey::from_wire(text.as_bytes())
+                    .map_err(|e| invalid_key(&self.0, &e))?,
+                Value::Body(text) => IdempotencyKey::new(&*text)
+                    .or_else(|_| {
+                        IdempotencyKey::new(format!(
+                            "sha256:{}",
+                            hex::encode(Sha256::digest(text.as_bytes()))
+                        ))
+                    })
+                    .map_err(|e| invalid_key(&self.0, &e))?,
+                Value::Hashed(digest) => IdempotencyKey::new(hex::encode(digest))
+                    .map_err(|e| invalid_key(&self.0, &e))?,
+            };
         Ok(Some(key))
-    }
-
-    /// What the source looks at, for error messages ("header `webhook-id`").
-    #[must_use]
-    pub fn describe(&self) -> String {
-        self.0.to_string()
     }
 }
 
@@ -201,23 +199,55 @@ impl ScopeSource {
     /// The scope of a delivery, or `None` when the source finds no value.
     ///
     /// # Errors
-    /// [`SourceError`] when a header is not visible ASCII, or a JSON field is needed
+    /// [`Rejection`] when a header is not visible ASCII, or a JSON field is needed
     /// and the body is not JSON, or the field is an object, array or boolean.
-    pub fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<String>, SourceError> {
+    pub fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<String>, Rejection> {
         self.extract_in(&Input::new(headers, body))
     }
 
-    pub(crate) fn extract_in(&self, d: &Input<'_>) -> Result<Option<String>, SourceError> {
+    pub(crate) fn extract_in(&self, d: &Input<'_>) -> Result<Option<String>, Rejection> {
         Ok(self.0.value(d)?.map(|v| match v {
             Value::Header(t) | Value::Body(t) => t.into_owned(),
             Value::Hashed(digest) => hex::encode(digest),
         }))
     }
+}
 
-    /// What the source looks at, for error messages.
-    #[must_use]
-    pub fn describe(&self) -> String {
-        self.0.to_string()
+impl fmt::Display for KeySource {
+    /// What the source looks at: "header `webhook-id` or JSON field `/id`".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for ScopeSource {
+    /// What the source looks at.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Plugs a key source into [`IdempotencyLayer::key`](crate::server::IdempotencyLayer::key).
+impl ExtractKey for KeySource {
+    fn extract_key(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        self.extract(&parts.headers, body)
+    }
+
+    fn describe(&self) -> Cow<'static, str> {
+        Cow::Owned(format!("the delivery's {self}"))
+    }
+}
+
+/// Plugs a scope source into
+/// [`IdempotencyLayer::scope`](crate::server::IdempotencyLayer::scope); a delivery that
+/// names no scope is unscoped (`""`).
+impl ExtractScope for ScopeSource {
+    fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
+        Ok(self.extract(&parts.headers, body)?.unwrap_or_default())
     }
 }
 
@@ -238,13 +268,11 @@ impl<'a> Input<'a> {
         }
     }
 
-    fn doc(&self) -> Result<&'a RawValue, SourceError> {
+    fn doc(&self) -> Result<&'a RawValue, Rejection> {
         self.doc
             .get_or_init(|| pointer::parse_document(self.body).map_err(|e| e.to_string()))
             .clone()
-            .map_err(|e| SourceError {
-                kind: Kind::NotJson(e),
-            })
+            .map_err(|e| not_json(&e))
     }
 }
 
@@ -274,15 +302,13 @@ impl Field {
         }
     }
 
-    fn value<'a>(&self, d: &Input<'a>) -> Result<Option<Value<'a>>, SourceError> {
+    fn value<'a>(&self, d: &Input<'a>) -> Result<Option<Value<'a>>, Rejection> {
         match self {
             Field::Header(name) => {
                 let Some(v) = d.headers.get(name) else {
                     return Ok(None);
                 };
-                let text = v.to_str().map_err(|_| SourceError {
-                    kind: Kind::InvalidHeader(name.clone()),
-                })?;
+                let text = v.to_str().map_err(|_| invalid_header(name))?;
                 let text = text.trim();
                 Ok((!text.is_empty()).then_some(Value::Header(Cow::Borrowed(text))))
             }
@@ -295,12 +321,7 @@ impl Field {
                     Scalar::Text(t) if t.is_empty() => Ok(None),
                     Scalar::Text(t) => Ok(Some(Value::Body(t))),
                     Scalar::Null => Ok(None),
-                    Scalar::Other(kind) => Err(SourceError {
-                        kind: Kind::NotAnId {
-                            pointer: p.as_str().to_owned(),
-                            found: kind,
-                        },
-                    }),
+                    Scalar::Other(kind) => Err(not_an_id(p.as_str(), kind)),
                 }
             }
             Field::Constant(c) => Ok(Some(Value::Body(Cow::Owned(c.to_string())))),
@@ -354,104 +375,28 @@ impl fmt::Display for Field {
     }
 }
 
-/// A delivery whose id or scope could not be read.
-///
-/// Carries its answer: [`SourceError::status`] (always 400: the sender must fix the
-/// delivery, a retry of the same bytes cannot succeed) and the RFC 9457 problem type
-/// [`SourceError::problem_type`] (`missing-key` or `invalid-key`).
-#[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
-pub struct SourceError {
-    kind: Kind,
+fn invalid_key(source: &Field, error: &InvalidKey) -> Rejection {
+    Rejection::invalid_key(format_args!(
+        "the id in {source} is not a valid idempotency key: {error}"
+    ))
 }
 
-#[derive(Debug)]
-enum Kind {
-    Missing(String),
-    InvalidHeader(HeaderName),
-    InvalidKey {
-        source: String,
-        error: InvalidKey,
-    },
-    NotJson(String),
-    NotAnId {
-        pointer: String,
-        found: &'static str,
-    },
+fn invalid_header(name: &HeaderName) -> Rejection {
+    Rejection::invalid_key(format_args!(
+        "header `{name}` is not visible ASCII, so it cannot identify the delivery"
+    ))
 }
 
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Kind::Missing(expected) => write!(
-                f,
-                "the delivery has no id: expected {expected}; check that the route receives the sender it was configured for"
-            ),
-            Kind::InvalidHeader(name) => write!(
-                f,
-                "header `{name}` is not visible ASCII, so it cannot identify the delivery"
-            ),
-            Kind::InvalidKey { source, error } => {
-                write!(
-                    f,
-                    "the id in {source} is not a valid idempotency key: {error}"
-                )
-            }
-            Kind::NotJson(e) => write!(
-                f,
-                "the body is not JSON ({e}), so the delivery's id cannot be read from it"
-            ),
-            Kind::NotAnId { pointer, found } => write!(
-                f,
-                "JSON field `{pointer}` is an {found}, not a string or number, so it cannot identify the delivery"
-            ),
-        }
-    }
+fn not_json(e: &str) -> Rejection {
+    Rejection::invalid_key(format_args!(
+        "the body is not JSON ({e}), so the delivery's id cannot be read from it"
+    ))
 }
 
-impl SourceError {
-    pub(crate) fn missing(expected: impl fmt::Display) -> Self {
-        Self {
-            kind: Kind::Missing(expected.to_string()),
-        }
-    }
-
-    fn invalid_key(source: &Field, error: InvalidKey) -> Self {
-        Self {
-            kind: Kind::InvalidKey {
-                source: source.to_string(),
-                error,
-            },
-        }
-    }
-
-    /// `true` when the delivery carries no id where one is required.
-    #[must_use]
-    pub fn is_missing(&self) -> bool {
-        matches!(self.kind, Kind::Missing(_))
-    }
-
-    /// `true` when an id (or scope) is there but unusable.
-    #[must_use]
-    pub fn is_invalid(&self) -> bool {
-        !self.is_missing()
-    }
-
-    /// The status to answer with: `400 Bad Request`.
-    #[must_use]
-    pub fn status(&self) -> StatusCode {
-        StatusCode::BAD_REQUEST
-    }
-
-    /// The stable RFC 9457 problem type: `missing-key` or `invalid-key`.
-    #[must_use]
-    pub fn problem_type(&self) -> &'static str {
-        if self.is_missing() {
-            "missing-key"
-        } else {
-            "invalid-key"
-        }
-    }
+fn not_an_id(pointer: &str, found: &str) -> Rejection {
+    Rejection::invalid_key(format_args!(
+        "JSON field `{pointer}` is an {found}, not a string or number, so it cannot identify the delivery"
+    ))
 }
 
 #[cfg(test)]
@@ -489,14 +434,14 @@ mod tests {
         let bad = s
             .extract(&headers(&[("idempotency-key", "a b")]), b"")
             .expect_err("a space is not a key character");
-        assert!(bad.is_invalid());
         assert_eq!(bad.problem_type(), "invalid-key");
+        assert_eq!(bad.status(), http::StatusCode::BAD_REQUEST);
         let mut h = HeaderMap::new();
         h.insert(
             "idempotency-key",
             http::HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
         );
-        assert!(s.extract(&h, b"").expect_err("not ASCII").is_invalid());
+        assert!(s.extract(&h, b"").expect_err("not ASCII").is_key_error());
     }
 
     #[test]
@@ -531,7 +476,7 @@ mod tests {
             .or(KeySource::header(HeaderName::from_static("x-b")))
             .or(KeySource::json_pointer("/id"));
         assert_eq!(
-            s.describe(),
+            s.to_string(),
             "header `x-a` or header `x-b` or JSON field `/id`"
         );
         assert_eq!(
@@ -564,7 +509,7 @@ mod tests {
         assert_eq!(ab_c.len(), 64);
         assert_eq!(key(&s, &h, r#"{"b":"c","a":"ab"}"#), Some(ab_c));
         assert_eq!(key(&s, &h, r#"{"a":"ab"}"#), None);
-        assert_eq!(s.describe(), "all of (JSON field `/a`, JSON field `/b`)");
+        assert_eq!(s.to_string(), "all of (JSON field `/a`, JSON field `/b`)");
     }
 
     #[test]
