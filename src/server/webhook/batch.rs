@@ -203,11 +203,13 @@ impl BatchDeduper {
                     let result = self.run_renewing(&id, token, handler(item)).await;
                     match result {
                         Ok(()) => {
+                            // The handler ran: releasing now would only invite a second
+                            // run. If recording fails, the claim expires with its lease.
+                            guard.disarm();
                             self.store
                                 .complete(&id, token, Bytes::from_static(ITEM_DONE), self.retention)
                                 .await
                                 .map_err(|e| BatchError::store(e, outcome))?;
-                            guard.disarm();
                             outcome.processed += 1;
                         }
                         Err(e) => {

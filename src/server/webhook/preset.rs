@@ -350,9 +350,11 @@ impl Preset {
     /// once; see [`Preset::shopify_events`] to process an event once across
     /// subscriptions.
     ///
-    /// Source: Shopify docs, "About webhooks" / "Best practices for webhooks": ignore
-    /// duplicate webhooks by `X-Shopify-Webhook-Id`; failed deliveries are retried 8
-    /// times over 4 hours. Floor: 1 day.
+    /// Source: Shopify docs, "About webhooks" / "Best practices for webhooks" (ignore
+    /// duplicate webhooks by `X-Shopify-Webhook-Id`, which stays the same on retries) and
+    /// the developer changelog "Updates to webhook retry mechanism" (2024-09-10: failed
+    /// deliveries are retried 8 times over 4 hours, with the original payload). Floor:
+    /// 1 day.
     #[must_use]
     pub fn shopify() -> Self {
         Self::new("shopify", KeySource::header(header("x-shopify-webhook-id")))
@@ -439,8 +441,8 @@ impl Preset {
     /// Mailgun: the body's `event-data.id`.
     ///
     /// Source: Mailgun docs, "Webhooks" (the payload's `event-data` is the event as the
-    /// Events API returns it, with its `id`; failed deliveries are retried for 8 hours).
-    /// Floor: 8 hours.
+    /// Events API returns it, with its `id`) and "Automatic Retries" (a delivery answered
+    /// with anything but 200 or 406 is retried during 8 hours). Floor: 8 hours.
     #[must_use]
     pub fn mailgun() -> Self {
         Self::new("mailgun", KeySource::json_pointer("/event-data/id"))
