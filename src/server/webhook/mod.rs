@@ -21,6 +21,41 @@
 //!   **before** deduplication so a forged delivery never reaches the store, and never
 //!   receives a replay of a genuine one.
 //!
+//! # Setup: signature first, then deduplication
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, body::Body, extract::{Request, State}, middleware::{self, Next}};
+//! use axum::{http::StatusCode, response::{IntoResponse, Response}, routing::post};
+//! use idemkey::server::Engine;
+//! use idemkey::server::webhook::{Preset, StandardWebhooksVerifier};
+//! use idemkey::store::MemoryStore;
+//!
+//! async fn verify(State(v): State<Arc<StandardWebhooksVerifier>>, req: Request, next: Next) -> Response {
+//!     let (parts, body) = req.into_parts();
+//!     let Ok(bytes) = axum::body::to_bytes(body, 2 << 20).await else {
+//!         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
+//!     };
+//!     if let Err(e) = v.verify(&parts.headers, &bytes) {
+//!         return (e.status(), e.to_string()).into_response();
+//!     }
+//!     next.run(Request::from_parts(parts, Body::from(bytes))).await
+//! }
+//!
+//! # fn main() -> Result<(), idemkey::server::webhook::SignatureError> {
+//! let verifier = Arc::new(StandardWebhooksVerifier::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?);
+//! let app: Router = Router::new()
+//!     .route("/webhooks/standard", post(|| async { "processed" }))
+//!     .layer(Preset::standard_webhooks().layer(Engine::new(MemoryStore::new())))
+//!     // Added last, so it runs first: a forged delivery never reaches the store.
+//!     .layer(middleware::from_fn_with_state(verifier, verify));
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/webhook_receiver.rs` does the same for Stripe (`Stripe-Signature`) and
+//! GitHub (`X-Hub-Signature-256`).
+//!
 //! # Duplicate handling
 //!
 //! | delivery | answer |
