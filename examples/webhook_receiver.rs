@@ -261,10 +261,10 @@ struct Args {
 fn args() -> Result<Args, String> {
     let m = clap::Command::new("webhook_receiver")
         .about("Receives Stripe, GitHub and Standard Webhooks deliveries exactly once")
+        .override_usage("webhook_receiver --addr ADDR [--store URL] [--secret SECRET]")
         .arg(
             clap::Arg::new("addr")
                 .long("addr")
-                .required(true)
                 .help("address to listen on, e.g. 127.0.0.1:8080"),
         )
         .arg(
@@ -278,10 +278,10 @@ fn args() -> Result<Args, String> {
                 .long("secret")
                 .help("webhook signing secret; signatures are checked only when given"),
         )
-        .try_get_matches()
-        .map_err(|e| e.to_string())?;
+        .get_matches();
     let get = |name: &str| m.get_one::<String>(name).cloned();
-    let addr = get("addr").unwrap_or_default();
+    let addr = get("addr")
+        .ok_or("--addr is required: the address to listen on, e.g. --addr 127.0.0.1:8080")?;
     Ok(Args {
         addr: addr
             .parse()
@@ -292,7 +292,14 @@ fn args() -> Result<Args, String> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("webhook_receiver: {e}");
+        std::process::exit(2);
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let store = idemkey::store::open(&args.store).await?;
     let (app, _stats) = app(store, args.secret.as_deref());
