@@ -348,3 +348,66 @@ async fn webhook_records_are_kept_seven_days_by_default() {
     assert_eq!(deliver(&app, "{}", &h).await, (StatusCode::OK, false));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+mod no_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            ".{0,300}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                prop::collection::vec(
+                    (
+                        prop_oneof![
+                            Just("id".to_owned()),
+                            Just("event_id".to_owned()),
+                            Just("account".to_owned()),
+                            Just("event-data".to_owned()),
+                            ".{0,8}".prop_map(|s| s)
+                        ],
+                        inner
+                    ),
+                    0..5
+                )
+                .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Any body, JSON or not, and any header bytes: every preset answers with an id,
+        /// nothing, or a 400, and never panics.
+        #[test]
+        fn presets_never_panic(
+            doc in arb_json(),
+            raw in prop::collection::vec(any::<u8>(), 0..200),
+            header in prop::collection::vec(any::<u8>(), 0..300),
+            use_raw in any::<bool>(),
+        ) {
+            let body = if use_raw { raw } else { serde_json::to_vec(&doc).expect("serialisable") };
+            let mut h = HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_bytes(&header) {
+                for name in ["webhook-id", "svix-id", "x-github-delivery", "x-github-hook-id", "x-shopify-webhook-id", "x-shopify-event-id", "x-shopify-shop-domain", "idempotency-key", "x-gitlab-instance", "x-atlassian-webhook-identifier"] {
+                    h.insert(name, v.clone());
+                }
+            }
+            for p in Preset::all() {
+                match p.identify(&h, &body) {
+                    Ok(Some(id)) => prop_assert!(!id.key().as_str().is_empty() && id.scope().starts_with("webhook:")),
+                    Ok(None) => prop_assert!(!p.is_key_required()),
+                    Err(e) => prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST),
+                }
+            }
+        }
+    }
+}
