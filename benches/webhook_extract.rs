@@ -1,11 +1,20 @@
 //! Reading a webhook's id: the borrowed JSON-pointer walk of `KeySource::json_pointer`
 //! against the baseline of parsing the body into a `serde_json::Value` and calling
-//! `Value::pointer`, on a small and a large Stripe-shaped event.
+//! `Value::pointer`, on a small and a large Stripe-shaped event; and a whole delivery
+//! through `Preset::stripe().layer` (first delivery, duplicate) against the bare route.
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use http::HeaderMap;
-use idemkey::server::webhook::{KeySource, Preset};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, Request};
+use idemkey::server::Engine;
+use idemkey::server::webhook::{KeySource, Preset};
+use idemkey::store::MemoryStore;
+use tower::ServiceExt;
 
 /// A Stripe `invoice.paid` event with `lines` invoice lines (the id comes first, as
 /// Stripe sends it; the embedded object is most of the bytes).
@@ -70,5 +79,45 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// One delivery of `body` through `app` (no network: the router is called directly).
+async fn deliver(app: &Router, body: Vec<u8>) {
+    let req = Request::post("/webhooks/stripe")
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("valid request");
+    let resp = app.clone().oneshot(req).await.expect("infallible router");
+    assert!(resp.status().is_success());
+}
+
+fn bench_delivery(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let route = || Router::new().route("/webhooks/stripe", post(|| async { "ok" }));
+    let bare = route();
+    let guarded = route().layer(Preset::stripe().layer(Engine::new(MemoryStore::new())));
+    let small = String::from_utf8(stripe_event(1)).expect("UTF-8");
+    let fresh = AtomicU64::new(0);
+    let mut g = c.benchmark_group("Stripe delivery through the router (619 bytes)");
+    g.bench_function("baseline: bare route", |b| {
+        b.to_async(&rt)
+            .iter(|| deliver(&bare, small.clone().into_bytes()));
+    });
+    g.bench_function("Preset::stripe layer, first delivery", |b| {
+        b.to_async(&rt).iter(|| {
+            let n = fresh.fetch_add(1, Ordering::Relaxed);
+            let body = small.replacen("evt_1NG8Du2eZvKYlo2CUI79vXWy", &format!("evt_bench_{n}"), 1);
+            deliver(&guarded, body.into_bytes())
+        });
+    });
+    rt.block_on(deliver(&guarded, small.clone().into_bytes()));
+    g.bench_function("Preset::stripe layer, duplicate (replay)", |b| {
+        b.to_async(&rt)
+            .iter(|| deliver(&guarded, small.clone().into_bytes()));
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_delivery);
 criterion_main!(benches);
