@@ -55,6 +55,12 @@
 //! bytes. A body over [`IdempotencyLayer::stored_response_limit`] is streamed to its
 //! caller and recorded as "too large", so retries get `410 response-not-stored` rather
 //! than a second execution.
+//!
+//! # Webhooks
+//!
+//! [`webhook`] keys the verifier by a provider's event id instead of a header: presets
+//! for Stripe, GitHub, Standard Webhooks and others, batches, and Standard Webhooks
+//! signatures.
 
 mod body;
 mod engine;
@@ -64,6 +70,7 @@ mod once;
 mod policy;
 pub(crate) mod record;
 mod rejection;
+pub mod webhook;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use engine::{

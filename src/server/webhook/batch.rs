@@ -1,0 +1,471 @@
+//! Batches: deliveries that carry many events (SendGrid's event arrays).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+
+use super::preset::DEFAULT_WEBHOOK_RETENTION;
+use super::source::KeySource;
+use crate::key::IdempotencyKey;
+use crate::server::Rejection;
+use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+
+/// The fingerprint recorded with every batch item (items are identified by id only).
+const ITEM_FINGERPRINT: &[u8] = b"idemkey/batch-item/v1";
+/// What a completed item's record holds.
+const ITEM_DONE: &[u8] = b"done";
+/// The default lease on an item while its handler runs (renewed every third of it).
+pub const DEFAULT_ITEM_LEASE: Duration = Duration::from_secs(30);
+
+/// Processes each item of a batch delivery at most once, by the items' own ids.
+///
+/// Some senders put many events in one delivery and retry the whole delivery when it
+/// fails: SendGrid's Event Webhook posts a JSON array of events, each with its
+/// `sg_event_id`. A retried batch holds events that were already processed. The deduper
+/// keeps only the items not processed yet, and records each one as it completes:
+///
+/// - per item, in order: claim its id in the store; a claim that wins runs the handler,
+///   then completes the record (kept for the retention) or, when the handler fails,
+///   releases it and stops;
+/// - an item already completed is skipped (a duplicate);
+/// - an item that a concurrent delivery of the same batch is processing right now is
+///   skipped and reported in [`BatchOutcome::in_progress`]: answer that delivery with a
+///   retry status (409 and `Retry-After`, see [`BatchOutcome::is_settled`]) so that
+///   nothing is acknowledged before it is processed.
+///
+/// Claims are atomic in the store, so any number of concurrent duplicate batches, on
+/// any number of instances sharing a store, run each item once. While a handler runs,
+/// its lease is renewed; if the delivery is cancelled, the claim is released so the
+/// redelivery processes the item.
+///
+/// ```
+/// use idemkey::server::webhook::BatchDeduper;
+/// use idemkey::store::MemoryStore;
+/// use bytes::Bytes;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dedup = BatchDeduper::sendgrid(MemoryStore::new());
+/// let body = Bytes::from_static(br#"[
+///   {"email":"a@example.com","event":"processed","sg_event_id":"sg_1","timestamp":1513299569},
+///   {"email":"a@example.com","event":"delivered","sg_event_id":"sg_2","timestamp":1513299570}
+/// ]"#);
+///
+/// let first = dedup.process(&body, |item| async move { Ok::<_, std::io::Error>(()) }).await?;
+/// assert_eq!(first.processed(), 2);
+///
+/// // SendGrid retries the same batch: nothing runs twice.
+/// let retry = dedup.process(&body, |item| async move { Ok::<_, std::io::Error>(()) }).await?;
+/// assert_eq!((retry.processed(), retry.duplicates()), (0, 2));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct BatchDeduper {
+    store: Arc<dyn Store>,
+    id: KeySource,
+    scope: Arc<str>,
+    lease: Duration,
+    retention: Duration,
+}
+
+impl fmt::Debug for BatchDeduper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchDeduper")
+            .field("id", &self.id)
+            .field("scope", &self.scope)
+            .field("lease", &self.lease)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BatchDeduper {
+    /// A deduper of JSON-array batches whose items carry their id where `id` says
+    /// (read from each item; a header source finds nothing). Scope `webhook:batch`,
+    /// lease [`DEFAULT_ITEM_LEASE`], retention [`DEFAULT_WEBHOOK_RETENTION`].
+    #[must_use]
+    pub fn new(store: impl Store, id: KeySource) -> Self {
+        Self {
+            store: Arc::new(store),
+            id,
+            scope: Arc::from("webhook:batch"),
+            lease: DEFAULT_ITEM_LEASE,
+            retention: DEFAULT_WEBHOOK_RETENTION,
+        }
+    }
+
+    /// SendGrid's Event Webhook: items identified by `sg_event_id`, scope
+    /// `webhook:sendgrid`.
+    ///
+    /// Source: Twilio SendGrid docs, "Event Webhook Reference" (events are posted as a
+    /// JSON array; `sg_event_id` is a unique id for each event; duplicate events are
+    /// possible, and deliveries that do not get a 2xx are retried for up to 24 hours).
+    /// The default retention of 7 days covers that window.
+    #[must_use]
+    pub fn sendgrid(store: impl Store) -> Self {
+        Self::new(store, KeySource::json_pointer("/sg_event_id")).with_scope("webhook:sendgrid")
+    }
+
+    /// The scope of the items' records (one per sender, or per sender and tenant).
+    #[must_use]
+    pub fn with_scope(mut self, scope: &str) -> Self {
+        self.scope = Arc::from(scope);
+        self
+    }
+
+    /// The lease held on an item while its handler runs (renewed every third of it).
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long a processed item's id is remembered.
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Runs `handler` on each item of `body` (a JSON array) not processed yet.
+    ///
+    /// Items are handled one after another, in order. Items without an id are handled
+    /// every time (they cannot be deduplicated) and counted in
+    /// [`BatchOutcome::without_id`].
+    ///
+    /// # Errors
+    /// [`BatchError`]: the body is not a JSON array or an item's id is unusable (400);
+    /// the store failed (503); the handler failed on an item (its claim was released and
+    /// the items after it were not looked at; answer 5xx so the sender retries). Items
+    /// completed before the error stay completed and are skipped on the retry.
+    pub async fn process<F, Fut, E>(
+        &self,
+        body: &Bytes,
+        mut handler: F,
+    ) -> Result<BatchOutcome, BatchError<E>>
+    where
+        F: FnMut(BatchItem) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        let mut outcome = BatchOutcome::default();
+        let items: Vec<&RawValue> = serde_json::from_slice(body).map_err(|e| BatchError {
+            kind: ErrorKind::NotArray(e.to_string()),
+            outcome,
+        })?;
+        let no_headers = HeaderMap::new();
+        for (index, raw) in items.into_iter().enumerate() {
+            let json = body.slice_ref(raw.get().as_bytes());
+            let key = self
+                .id
+                .extract(&no_headers, &json)
+                .map_err(|e| BatchError {
+                    kind: ErrorKind::InvalidItem { index, source: e },
+                    outcome,
+                })?;
+            let item = BatchItem {
+                index,
+                key: key.clone(),
+                json,
+            };
+            let Some(key) = key else {
+                handler(item).await.map_err(|e| BatchError {
+                    kind: ErrorKind::Handler { index, source: e },
+                    outcome,
+                })?;
+                outcome.without_id += 1;
+                continue;
+            };
+            let id = RecordId::new(&self.scope, key.as_str());
+            let token = FencingToken::random();
+            let claim = self
+                .store
+                .claim(ClaimRequest {
+                    id: &id,
+                    fingerprint: ITEM_FINGERPRINT,
+                    token,
+                    lease: self.lease,
+                })
+                .await
+                .map_err(|e| BatchError::store(e, outcome))?;
+            match claim {
+                Claim::Completed { .. } => outcome.duplicates += 1,
+                Claim::InProgress { .. } => outcome.in_progress += 1,
+                Claim::Acquired { .. } => {
+                    let guard = ReleaseOnDrop {
+                        store: Some(Arc::clone(&self.store)),
+                        id,
+                        token,
+                    };
+                    let result = self.run_renewing(&id, token, handler(item)).await;
+                    match result {
+                        Ok(()) => {
+                            // The handler ran: releasing now would only invite a second
+                            // run. If recording fails, the claim expires with its lease.
+                            guard.disarm();
+                            self.store
+                                .complete(&id, token, Bytes::from_static(ITEM_DONE), self.retention)
+                                .await
+                                .map_err(|e| BatchError::store(e, outcome))?;
+                            outcome.processed += 1;
+                        }
+                        Err(e) => {
+                            guard.disarm();
+                            // A failed release leaves the claim to expire with its lease;
+                            // the handler's error is the one to report.
+                            if let Err(release) = self.store.release(&id, token).await {
+                                tracing::warn!(%release, "could not release a failed batch item; it becomes claimable when its lease ends");
+                            }
+                            return Err(BatchError {
+                                kind: ErrorKind::Handler { index, source: e },
+                                outcome,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Runs `work`, renewing the lease on `id` every third of the lease meanwhile.
+    async fn run_renewing<T>(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let mut work = std::pin::pin!(work);
+        let period = self.lease / 3;
+        let mut next = tokio::time::Instant::now() + period;
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(next) => {
+                    next += period;
+                    if let Err(e) = self.store.renew(id, token, self.lease).await {
+                        tracing::warn!(%e, "could not renew the lease of a batch item in progress");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Releases a claim whose handler was dropped before it finished (a cancelled delivery).
+struct ReleaseOnDrop {
+    store: Option<Arc<dyn Store>>,
+    id: RecordId,
+    token: FencingToken,
+}
+
+impl ReleaseOnDrop {
+    fn disarm(mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let (id, token) = (self.id, self.token);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = store.release(&id, token).await {
+                    tracing::warn!(%e, "could not release a cancelled batch item; it becomes claimable when its lease ends");
+                }
+            });
+        }
+    }
+}
+
+/// One item of a batch, handed to the handler.
+#[derive(Debug, Clone)]
+pub struct BatchItem {
+    index: usize,
+    key: Option<IdempotencyKey>,
+    json: Bytes,
+}
+
+impl BatchItem {
+    /// The item's position in the batch.
+    #[must_use]
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The item's id, if it has one.
+    #[must_use]
+    pub fn key(&self) -> Option<&IdempotencyKey> {
+        self.key.as_ref()
+    }
+
+    /// The item's JSON text (a slice of the delivery's body, not a copy).
+    #[must_use]
+    pub fn json(&self) -> &Bytes {
+        &self.json
+    }
+
+    /// The item deserialised as `T`.
+    ///
+    /// # Errors
+    /// When the item does not have `T`'s shape.
+    pub fn deserialize<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.json)
+    }
+}
+
+/// What [`BatchDeduper::process`] did with a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    processed: usize,
+    duplicates: usize,
+    in_progress: usize,
+    without_id: usize,
+}
+
+impl BatchOutcome {
+    /// Items handled and recorded by this call.
+    #[must_use]
+    pub fn processed(&self) -> usize {
+        self.processed
+    }
+
+    /// Items skipped because they were processed before.
+    #[must_use]
+    pub fn duplicates(&self) -> usize {
+        self.duplicates
+    }
+
+    /// Items skipped because a concurrent delivery is processing them right now.
+    #[must_use]
+    pub fn in_progress(&self) -> usize {
+        self.in_progress
+    }
+
+    /// Items without an id, handled without deduplication.
+    #[must_use]
+    pub fn without_id(&self) -> usize {
+        self.without_id
+    }
+
+    /// `true` when every item is processed, here or before: acknowledge with 2xx.
+    /// Otherwise some items are still being processed by a concurrent delivery, which
+    /// may yet fail: answer 409 with `Retry-After` so the sender retries the batch.
+    #[must_use]
+    pub fn is_settled(&self) -> bool {
+        self.in_progress == 0
+    }
+}
+
+/// A batch that could not be processed to the end.
+///
+/// Items completed before the error stay completed ([`BatchError::outcome`]); the retry
+/// skips them.
+pub struct BatchError<E> {
+    kind: ErrorKind<E>,
+    outcome: BatchOutcome,
+}
+
+enum ErrorKind<E> {
+    NotArray(String),
+    InvalidItem { index: usize, source: Rejection },
+    Store(StoreError),
+    Handler { index: usize, source: E },
+}
+
+impl<E> BatchError<E> {
+    fn store(e: StoreError, outcome: BatchOutcome) -> Self {
+        Self {
+            kind: ErrorKind::Store(e),
+            outcome,
+        }
+    }
+
+    /// `true` when the body is not a JSON array, or an item's id is unusable.
+    #[must_use]
+    pub fn is_invalid_batch(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::NotArray(_) | ErrorKind::InvalidItem { .. }
+        )
+    }
+
+    /// `true` when the store failed.
+    #[must_use]
+    pub fn is_store(&self) -> bool {
+        matches!(self.kind, ErrorKind::Store(_))
+    }
+
+    /// The handler's error, when the handler failed.
+    #[must_use]
+    pub fn handler_error(&self) -> Option<&E> {
+        match &self.kind {
+            ErrorKind::Handler { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The index of the item that failed, when one did.
+    #[must_use]
+    pub fn item_index(&self) -> Option<usize> {
+        match &self.kind {
+            ErrorKind::Handler { index, .. } | ErrorKind::InvalidItem { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+
+    /// What was done before the error.
+    #[must_use]
+    pub fn outcome(&self) -> BatchOutcome {
+        self.outcome
+    }
+
+    /// The status to answer the delivery with: 400 for an invalid batch (a retry of the
+    /// same bytes cannot succeed), 503 for a store failure, 500 for a handler failure
+    /// (the sender retries; completed items are skipped then).
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self.kind {
+            ErrorKind::NotArray(_) | ErrorKind::InvalidItem { .. } => StatusCode::BAD_REQUEST,
+            ErrorKind::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Handler { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for BatchError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ErrorKind::NotArray(e) => write!(f, "the batch is not a JSON array: {e}"),
+            ErrorKind::InvalidItem { index, source } => write!(f, "batch item {index}: {source}"),
+            ErrorKind::Store(e) => write!(f, "batch deduplication failed: {e}"),
+            ErrorKind::Handler { index, source } => write!(
+                f,
+                "the handler failed on batch item {index}: {source}; it was released so that the retry processes it"
+            ),
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for BatchError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            ErrorKind::NotArray(e) => format!("NotArray({e})"),
+            ErrorKind::InvalidItem { index, source } => format!("InvalidItem({index}, {source})"),
+            ErrorKind::Store(e) => format!("Store({e})"),
+            ErrorKind::Handler { index, source } => format!("Handler({index}, {source:?})"),
+        };
+        f.debug_struct("BatchError")
+            .field("kind", &kind)
+            .field("outcome", &self.outcome)
+            .finish()
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> std::error::Error for BatchError<E> {}

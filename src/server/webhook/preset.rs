@@ -1,0 +1,497 @@
+//! Presets: the id source, scope and retention floor of each sender.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName};
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use super::source::{Input, KeySource, ScopeSource};
+use crate::fingerprint::Fingerprinter;
+use crate::key::IdempotencyKey;
+use crate::server::{
+    Engine, ExtractKey, ExtractScope, IdempotencyLayer, KeyRequirement, Rejection,
+};
+use crate::store::RecordId;
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a webhook delivery's record is kept by default: 7 days.
+///
+/// Longer than the automatic retry window of every sender with a preset here, so that a
+/// late retry is still recognised. Presets whose sender may redeliver later carry a
+/// higher [floor](Preset::retention_floor).
+pub const DEFAULT_WEBHOOK_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How one sender's webhook deliveries are identified: where the id comes from, how
+/// deliveries are scoped, and how long their records must be kept.
+///
+/// Every preset names its source in the provider's public documentation. The retention
+/// is [`DEFAULT_WEBHOOK_RETENTION`] unless configured with [`Preset::with_retention`], and
+/// never below the preset's [floor](Preset::retention_floor): the time during which the
+/// sender may deliver the same event again. A record dropped before that would let a
+/// late retry execute twice.
+///
+/// Records are scoped by the preset's name (two senders never share records) and, where
+/// the sender has one, by the tenant the delivery belongs to (a Stripe connected
+/// account, a GitHub hook, a Shopify shop).
+///
+/// A preset identifies a delivery **by its id only**: retries of the same event may
+/// differ in their body (a Stripe event's `pending_webhooks` count changes between
+/// attempts) and always differ in their signature headers, so a verifier configured from
+/// a preset must not compare request bodies.
+///
+/// ```
+/// use idemkey::server::webhook::Preset;
+/// use http::HeaderMap;
+/// use std::time::Duration;
+///
+/// let stripe = Preset::stripe();
+/// let body = br#"{"id":"evt_1NG8Du2eZvKYlo2CUI79vXWy","object":"event","account":"acct_1","type":"charge.succeeded"}"#;
+/// let id = stripe.identify(&HeaderMap::new(), body)?.expect("Stripe events carry an id");
+/// assert_eq!(id.key().as_str(), "evt_1NG8Du2eZvKYlo2CUI79vXWy");
+/// assert_eq!(id.scope(), "webhook:stripe/acct_1");
+///
+/// // Stripe retries for up to three days: a shorter retention is raised to that floor.
+/// let short = Preset::stripe().with_retention(Duration::from_secs(3600));
+/// assert_eq!(short.retention(), Duration::from_secs(3 * 24 * 3600));
+/// # Ok::<(), idemkey::server::Rejection>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Preset {
+    name: Arc<str>,
+    key: KeySource,
+    scope: Option<ScopeSource>,
+    key_required: bool,
+    retention: Duration,
+    floor: Duration,
+}
+
+/// The identity of one delivery: its scope and its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryId {
+    scope: String,
+    key: IdempotencyKey,
+}
+
+impl DeliveryId {
+    /// The scope: `webhook:<preset name>`, followed by `/<tenant>` when the preset has a
+    /// scope source and the delivery names a tenant.
+    #[must_use]
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The delivery's id as an idempotency key.
+    #[must_use]
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The store address of this delivery's record.
+    #[must_use]
+    pub fn record_id(&self) -> RecordId {
+        RecordId::new(&self.scope, self.key.as_str())
+    }
+}
+
+/// The preset's key source: the delivery's id, or `Ok(None)` (the layer then applies the
+/// preset's requirement).
+impl ExtractKey for Preset {
+    fn extract_key(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        self.key.extract(&parts.headers, body)
+    }
+
+    fn describe(&self) -> Cow<'static, str> {
+        ExtractKey::describe(&self.key)
+    }
+}
+
+/// The preset's scope: `webhook:<name>`, or `webhook:<name>/<tenant>`.
+impl ExtractScope for Preset {
+    fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
+        self.scope_of(&parts.headers, body)
+    }
+}
+
+fn header(name: &'static str) -> HeaderName {
+    HeaderName::from_static(name)
+}
+
+impl Preset {
+    /// A preset of your own: deliveries identified by `key`, in the scope
+    /// `webhook:<name>`, id required, retention [`DEFAULT_WEBHOOK_RETENTION`], no floor.
+    ///
+    /// `name` should not contain `/` (it separates the name from the tenant in scopes).
+    #[must_use]
+    pub fn new(name: impl Into<Arc<str>>, key: KeySource) -> Self {
+        Self {
+            name: name.into(),
+            key,
+            scope: None,
+            key_required: true,
+            retention: DEFAULT_WEBHOOK_RETENTION,
+            floor: Duration::ZERO,
+        }
+    }
+
+    /// Scopes deliveries by the tenant `scope` finds (absent: the preset's base scope).
+    #[must_use]
+    pub fn with_scope(mut self, scope: ScopeSource) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Sets the retention; values below the [floor](Preset::retention_floor) are raised
+    /// to it.
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the floor: the shortest retention allowed.
+    #[must_use]
+    pub fn with_retention_floor(mut self, floor: Duration) -> Self {
+        self.floor = floor;
+        self
+    }
+
+    /// Whether a delivery without an id is rejected (400, problem `missing-key`; the
+    /// default) or passed to the handler without deduplication (for handshakes that
+    /// carry no id, such as Slack's `url_verification`).
+    #[must_use]
+    pub fn with_key_required(mut self, required: bool) -> Self {
+        self.key_required = required;
+        self
+    }
+
+    /// The preset's name, the base of its scopes.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where the id comes from.
+    #[must_use]
+    pub fn key_source(&self) -> &KeySource {
+        &self.key
+    }
+
+    /// Where the tenant comes from, if the sender has tenants.
+    #[must_use]
+    pub fn scope_source(&self) -> Option<&ScopeSource> {
+        self.scope.as_ref()
+    }
+
+    /// `true` when a delivery without an id is rejected.
+    #[must_use]
+    pub fn is_key_required(&self) -> bool {
+        self.key_required
+    }
+
+    /// The retention in force: the configured one, raised to the floor.
+    #[must_use]
+    pub fn retention(&self) -> Duration {
+        self.retention.max(self.floor)
+    }
+
+    /// The shortest retention allowed: how long the sender may deliver the same event
+    /// again.
+    #[must_use]
+    pub fn retention_floor(&self) -> Duration {
+        self.floor
+    }
+
+    /// The scope of deliveries that name no tenant: `webhook:<name>`.
+    #[must_use]
+    pub fn base_scope(&self) -> String {
+        format!("webhook:{}", self.name)
+    }
+
+    /// Identifies a delivery from its headers and buffered body.
+    ///
+    /// Returns `Ok(None)` when the delivery has no id and the preset does not require
+    /// one: process it without deduplication.
+    ///
+    /// # Errors
+    /// [`Rejection`] (400): the id is required and missing (`missing-key`), or an id
+    /// or tenant is there but unusable (`invalid-key`).
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Option<DeliveryId>, Rejection> {
+        let input = Input::new(headers, body);
+        let Some(key) = self.key.extract_in(&input)? else {
+            return if self.key_required {
+                Err(Rejection::missing_key(&ExtractKey::describe(&self.key)))
+            } else {
+                Ok(None)
+            };
+        };
+        let scope = self.scope_in(&input)?;
+        Ok(Some(DeliveryId { scope, key }))
+    }
+
+    /// The scope of a delivery (see [`DeliveryId::scope`]).
+    ///
+    /// # Errors
+    /// [`Rejection`] when the tenant is there but unusable.
+    pub fn scope_of(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, Rejection> {
+        self.scope_in(&Input::new(headers, body))
+    }
+
+    fn scope_in(&self, input: &Input<'_>) -> Result<String, Rejection> {
+        let tenant = match &self.scope {
+            Some(s) => s.extract_in(input)?,
+            None => None,
+        };
+        Ok(match tenant {
+            Some(t) => format!("webhook:{}/{t}", self.name),
+            None => self.base_scope(),
+        })
+    }
+
+    /// An [`IdempotencyLayer`] over `engine` for this sender's route: the key and scope
+    /// from this preset, a key required (or optional, see
+    /// [`Preset::with_key_required`]), the retention of [`Preset::retention`], and a
+    /// fingerprint that leaves JSON bodies out (retries of one event may differ in their
+    /// body; the id decides).
+    ///
+    /// Put signature verification *outside* this layer (added after it with axum's
+    /// `Router::layer`), so that a forged delivery never reaches the store.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idemkey::server::Engine;
+    /// use idemkey::server::webhook::Preset;
+    /// use idemkey::store::MemoryStore;
+    ///
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let app: Router = Router::new()
+    ///     .route("/webhooks/stripe", post(|| async { "ok" }))
+    ///     .layer(Preset::stripe().layer(engine));
+    /// # let _ = app;
+    /// ```
+    #[must_use]
+    pub fn layer(&self, engine: Engine) -> IdempotencyLayer {
+        IdempotencyLayer::new(engine)
+            .key(self.clone())
+            .scope(self.clone())
+            .require(if self.key_required {
+                KeyRequirement::Required
+            } else {
+                KeyRequirement::Optional
+            })
+            .fingerprinter(Fingerprinter::new().json_fields(Vec::<String>::new()))
+            .retention(self.retention())
+    }
+
+    /// [Standard Webhooks](https://www.standardwebhooks.com/): the `webhook-id` header.
+    ///
+    /// Source: Standard Webhooks specification, "Webhook headers": `webhook-id` is the
+    /// message's unique identifier, the same when the message is re-sent. No floor: the
+    /// specification leaves the retry schedule to the sender.
+    #[must_use]
+    pub fn standard_webhooks() -> Self {
+        Self::new("standard-webhooks", KeySource::header(header("webhook-id")))
+    }
+
+    /// Svix: the `svix-id` header (Standard Webhooks with Svix's header names).
+    ///
+    /// Source: Svix docs, "Verifying Webhooks Manually" (`svix-id`: the unique message
+    /// identifier, the same on retries) and "Retry Schedule" (attempts over about 27
+    /// hours: immediately, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h). Floor: 2 days.
+    #[must_use]
+    pub fn svix() -> Self {
+        Self::new("svix", KeySource::header(header("svix-id"))).with_retention_floor(2 * DAY)
+    }
+
+    /// Stripe: the event's `id` (`evt_...`) in the body, scoped by the connected
+    /// account (`account`) when the event belongs to one.
+    ///
+    /// Source: Stripe docs, Webhooks, "Handle duplicate events" (log the event ids you
+    /// have processed) and "Retry behavior" (live mode retries for up to three days with
+    /// exponential back-off). Floor: 3 days. Connect: events of connected accounts carry
+    /// the account id in `account`.
+    #[must_use]
+    pub fn stripe() -> Self {
+        Self::new("stripe", KeySource::json_pointer("/id"))
+            .with_scope(ScopeSource::json_pointer("/account"))
+            .with_retention_floor(3 * DAY)
+    }
+
+    /// GitHub: the `X-GitHub-Delivery` GUID, scoped by `X-GitHub-Hook-ID`, since one
+    /// delivery GUID reaches every hook subscribed to the event.
+    ///
+    /// Source: GitHub docs, "Webhook events and payloads", "Delivery headers"
+    /// (`X-GitHub-Hook-ID`: the webhook's id; `X-GitHub-Delivery`: a GUID for the
+    /// delivery) and "Redelivering webhooks" (a redelivery keeps the GUID; deliveries of
+    /// the past 3 days can be redelivered). Floor: 3 days.
+    #[must_use]
+    pub fn github() -> Self {
+        Self::new("github", KeySource::header(header("x-github-delivery")))
+            .with_scope(ScopeSource::header(header("x-github-hook-id")))
+            .with_retention_floor(3 * DAY)
+    }
+
+    /// Shopify: the `X-Shopify-Webhook-Id` header, scoped by the shop
+    /// (`X-Shopify-Shop-Domain`). Each subscription's delivery of an event is processed
+    /// once; see [`Preset::shopify_events`] to process an event once across
+    /// subscriptions.
+    ///
+    /// Source: Shopify docs, "About webhooks" / "Best practices for webhooks" (ignore
+    /// duplicate webhooks by `X-Shopify-Webhook-Id`, which stays the same on retries) and
+    /// the developer changelog "Updates to webhook retry mechanism" (2024-09-10: failed
+    /// deliveries are retried 8 times over 4 hours, with the original payload). Floor:
+    /// 1 day.
+    #[must_use]
+    pub fn shopify() -> Self {
+        Self::new("shopify", KeySource::header(header("x-shopify-webhook-id")))
+            .with_scope(ScopeSource::header(header("x-shopify-shop-domain")))
+            .with_retention_floor(DAY)
+    }
+
+    /// Shopify, one record per event: the `X-Shopify-Event-Id` header, which is the same
+    /// for every subscription an event reaches (so several subscriptions collapse into
+    /// one processing), scoped by the shop.
+    ///
+    /// Source: Shopify docs, "About webhooks", "Headers" (`X-Shopify-Event-Id`
+    /// identifies the event that triggered the webhook). Floor: 1 day, as
+    /// [`Preset::shopify`].
+    #[must_use]
+    pub fn shopify_events() -> Self {
+        Self::new(
+            "shopify-events",
+            KeySource::header(header("x-shopify-event-id")),
+        )
+        .with_scope(ScopeSource::header(header("x-shopify-shop-domain")))
+        .with_retention_floor(DAY)
+    }
+
+    /// Slack Events API: the body's `event_id`, never the `X-Slack-Retry-Num` /
+    /// `X-Slack-Retry-Reason` headers (they count attempts, they do not identify the
+    /// event).
+    ///
+    /// The id is **not required**: the `url_verification` handshake carries none and
+    /// passes through without deduplication.
+    ///
+    /// Source: Slack docs, Events API, "Callback field overview" (`event_id`: unique
+    /// across all workspaces) and "Retries" (3 retries: nearly immediately, after one
+    /// minute, after five minutes). Floor: 1 hour.
+    #[must_use]
+    pub fn slack() -> Self {
+        Self::new("slack", KeySource::json_pointer("/event_id"))
+            .with_key_required(false)
+            .with_retention_floor(HOUR)
+    }
+
+    /// GitLab: the `Idempotency-Key` header GitLab sends with every webhook, the same
+    /// across retries of one event, scoped by the sending instance (`X-Gitlab-Instance`).
+    ///
+    /// Source: GitLab docs, Webhooks, "Delivery headers" (`Idempotency-Key`: unique per
+    /// webhook event, consistent across retries; `X-Gitlab-Instance`: the hostname of the
+    /// GitLab instance). No floor beyond the default.
+    #[must_use]
+    pub fn gitlab() -> Self {
+        Self::new("gitlab", KeySource::header(crate::headers::IDEMPOTENCY_KEY))
+            .with_scope(ScopeSource::header(header("x-gitlab-instance")))
+    }
+
+    /// Paddle Billing: the body's `event_id` (`evt_...`).
+    ///
+    /// Source: Paddle docs, "Handle webhook delivery" (live accounts: up to 60 retries
+    /// over 3 days) and the notification payload (`event_id`: unique Paddle id for the
+    /// event). Floor: 3 days.
+    #[must_use]
+    pub fn paddle() -> Self {
+        Self::new("paddle", KeySource::json_pointer("/event_id")).with_retention_floor(3 * DAY)
+    }
+
+    /// Square: the body's `event_id`.
+    ///
+    /// Source: Square docs, Webhooks, "Manage webhook operations" (use `event_id` to skip
+    /// repeated notifications) and "Troubleshoot webhooks" (unsuccessful deliveries are
+    /// retried for up to 24 hours). Floor: 1 day.
+    #[must_use]
+    pub fn square() -> Self {
+        Self::new("square", KeySource::json_pointer("/event_id")).with_retention_floor(DAY)
+    }
+
+    /// PayPal: the webhook event's `id` (`WH-...`) in the body.
+    ///
+    /// Source: PayPal docs, "Webhooks", "Event names" / "Webhooks overview" (the event
+    /// `id` is the same on redelivery; unacknowledged events are retried up to 25 times
+    /// over 3 days). Floor: 3 days.
+    #[must_use]
+    pub fn paypal() -> Self {
+        Self::new("paypal", KeySource::json_pointer("/id")).with_retention_floor(3 * DAY)
+    }
+
+    /// Mailgun: the body's `event-data.id`.
+    ///
+    /// Source: Mailgun docs, "Webhooks" (the payload's `event-data` is the event as the
+    /// Events API returns it, with its `id`) and "Automatic Retries" (a delivery answered
+    /// with anything but 200 or 406 is retried during 8 hours). Floor: 8 hours.
+    #[must_use]
+    pub fn mailgun() -> Self {
+        Self::new("mailgun", KeySource::json_pointer("/event-data/id"))
+            .with_retention_floor(8 * HOUR)
+    }
+
+    /// Jira (Atlassian Cloud): the `X-Atlassian-Webhook-Identifier` header.
+    ///
+    /// Source: Atlassian developer docs, Jira Cloud "Webhooks", "Retry policy" (the
+    /// identifier is unique per webhook delivery and the same across its retries). No
+    /// floor beyond the default.
+    #[must_use]
+    pub fn jira() -> Self {
+        Self::new(
+            "jira",
+            KeySource::header(header("x-atlassian-webhook-identifier")),
+        )
+    }
+
+    /// The generic IETF `Idempotency-Key` header (bare or sf-string form).
+    ///
+    /// Source: IETF draft `draft-ietf-httpapi-idempotency-key-header`. No floor beyond
+    /// the default.
+    #[must_use]
+    pub fn idempotency_key() -> Self {
+        Self::new(
+            "idempotency-key",
+            KeySource::header(crate::headers::IDEMPOTENCY_KEY),
+        )
+    }
+
+    /// Every preset of this module, for tables and tests.
+    #[must_use]
+    pub fn all() -> Vec<Preset> {
+        vec![
+            Self::standard_webhooks(),
+            Self::svix(),
+            Self::stripe(),
+            Self::github(),
+            Self::shopify(),
+            Self::shopify_events(),
+            Self::slack(),
+            Self::gitlab(),
+            Self::paddle(),
+            Self::square(),
+            Self::paypal(),
+            Self::mailgun(),
+            Self::jira(),
+            Self::idempotency_key(),
+        ]
+    }
+}
