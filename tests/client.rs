@@ -661,3 +661,60 @@ async fn typed_errors_are_found_inside_reqwest_retry_errors() {
     assert!(ours(&err).is_invalid_key(), "{err}");
     assert!(server.records().is_empty(), "nothing was sent");
 }
+
+/// A configured deadline bounds every request, also one that is sent once because it
+/// carries no key.
+#[tokio::test(start_paused = true)]
+async fn deadline_ends_a_hung_attempt_without_a_key() {
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::from_secs(30))
+        .with_inner(Hang)
+        .build();
+    let sent = client
+        .post("http://127.0.0.1:9/log")
+        .without_idempotency_key()
+        .send();
+    let err = tokio::time::timeout(Duration::from_secs(3600), sent)
+        .await
+        .expect("the 30 s deadline ends the request, not this hour-long guard")
+        .expect_err("the deadline passes");
+    assert!(
+        Error::from_middleware(&err).is_none(),
+        "no key, no typed error"
+    );
+    assert!(err.to_string().contains("deadline"), "{err}");
+}
+
+/// `Duration::MAX` as the deadline means "no deadline", not a panic.
+#[tokio::test]
+async fn a_deadline_of_duration_max_does_not_panic() {
+    let server = Recorder::start([]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::MAX)
+        .build();
+    let response = post_charge(&client, &server).await.expect("200");
+    assert_eq!(response.status(), 200);
+}
+
+/// A server asking for an absurd wait, to a client without a cap, within a deadline:
+/// the wait passes the deadline, so the request stops (and does not panic).
+#[tokio::test(start_paused = true)]
+async fn an_absurd_retry_after_without_a_cap_stops_at_the_deadline() {
+    let server = Recorder::start([
+        Reply::status(503).retry_after(u64::MAX.to_string()),
+        Reply::ok(),
+    ])
+    .await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .retry_after_cap(Duration::MAX)
+        .deadline(Duration::from_secs(60))
+        .build();
+    let err = post_charge(&client, &server)
+        .await
+        .expect_err("the asked wait passes the deadline");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(server.records().len(), 1);
+}
