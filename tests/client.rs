@@ -211,18 +211,24 @@ async fn retry_after_seconds_is_honoured() {
     );
 }
 
+/// The wait between the first attempt, answered `status` with `Retry-After: value`, and
+/// the second, through a client with a 1 to 5 ms backoff and `cap`.
+async fn wait_asked_by(status: u16, value: impl Into<String>, cap: Duration) -> Duration {
+    let server = Recorder::start([Reply::status(status).retry_after(value), Reply::ok()]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .retry_after_cap(cap)
+        .build();
+    post_charge(&client, &server).await.expect("200");
+    let records = server.records();
+    records[1].at - records[0].at
+}
+
 #[tokio::test(start_paused = true)]
 async fn retry_after_http_date_is_honoured_and_capped() {
     let in_an_hour =
         httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3600));
-    let server = Recorder::start([Reply::status(429).retry_after(in_an_hour), Reply::ok()]).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .retry_policy(fast(3))
-        .retry_after_cap(Duration::from_secs(7))
-        .build();
-    post_charge(&client, &server).await.expect("200");
-    let records = server.records();
-    let gap = records[1].at - records[0].at;
+    let gap = wait_asked_by(429, in_an_hour, Duration::from_secs(7)).await;
     assert!(
         gap >= Duration::from_secs(7),
         "waited {gap:?}, the cap is 7 s"
@@ -717,4 +723,28 @@ async fn an_absurd_retry_after_without_a_cap_stops_at_the_deadline() {
     assert!(err.is_outcome_unknown(), "{err}");
     assert_eq!(err.attempts(), 1);
     assert_eq!(server.records().len(), 1);
+}
+
+/// delta-seconds too large for a u64 still mean "wait long": the cap applies, the
+/// backoff does not.
+#[tokio::test(start_paused = true)]
+async fn retry_after_beyond_u64_waits_the_cap() {
+    let gap = wait_asked_by(503, "99999999999999999999999", Duration::from_secs(7)).await;
+    assert!(
+        gap >= Duration::from_secs(7),
+        "waited {gap:?}, the cap is 7 s"
+    );
+}
+
+/// Values that are neither delta-seconds (RFC 9110: digits only) nor an HTTP date are
+/// ignored: the backoff decides.
+#[tokio::test(start_paused = true)]
+async fn malformed_retry_after_is_ignored() {
+    for value in ["+20", "-20", "20.5", "20 s", ""] {
+        let gap = wait_asked_by(503, value, Duration::from_secs(30)).await;
+        assert!(
+            gap < Duration::from_secs(1),
+            "Retry-After {value:?} is not a wait; waited {gap:?}"
+        );
+    }
 }

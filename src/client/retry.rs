@@ -218,8 +218,11 @@ pub(crate) fn retry_after(response: &Response) -> Option<Duration> {
         .to_str()
         .ok()?
         .trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    // delta-seconds is digits only (RFC 9110 §10.2.3): no sign, no fraction. More
+    // seconds than a u64 holds still mean "wait long", so they saturate (then the cap
+    // applies) instead of falling back to the short backoff.
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(value.parse().map_or(Duration::MAX, Duration::from_secs));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(SystemTime::now()).unwrap_or_default())
