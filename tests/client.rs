@@ -748,3 +748,59 @@ async fn malformed_retry_after_is_ignored() {
         );
     }
 }
+
+/// A server that answers a 400 problem and cuts the connection inside its body.
+async fn truncated_problem_server() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let head = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n\
+                            content-length: 200\r\n\r\n{\"type\":\"key-";
+                let _ = conn.write_all(head.as_bytes()).await;
+                // Dropped: 186 bytes of the body never come.
+            });
+        }
+    });
+    format!("http://{addr}/charges")
+}
+
+#[tokio::test]
+async fn a_problem_body_cut_short_is_an_error_not_an_empty_body() {
+    let url = truncated_problem_server().await;
+    let result = client(0).post(url).json(&charge()).send().await;
+    match result {
+        Err(err) => {
+            let err = ours(&err);
+            assert!(err.is_outcome_unknown(), "{err}");
+            assert!(err.key().is_some());
+            assert!(
+                std::error::Error::source(err).is_some(),
+                "the read error is kept"
+            );
+        }
+        Ok(response) => {
+            let status = response.status();
+            let body = response.text().await;
+            assert!(
+                body.is_err(),
+                "HTTP {status}: the body was cut, yet it reads as {body:?}"
+            );
+        }
+    }
+}

@@ -319,8 +319,9 @@ impl Middleware for RetryMiddleware {
                 if key.is_some() && response.status() == StatusCode::BAD_REQUEST =>
             {
                 match Box::pin(is_problem(response, "key-reused")).await {
-                    (response, true) => Last::KeyReused(response),
-                    (response, false) => Last::Answer(Ok(response)),
+                    Ok((response, true)) => Last::KeyReused(response),
+                    Ok((response, false)) => Last::Answer(Ok(response)),
+                    Err(e) => Last::Answer(Err(e.into())),
                 }
             }
             other => other,
