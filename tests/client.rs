@@ -520,6 +520,12 @@ async fn with_reqwest_retry(key_inside_retry: bool) {
     assert_eq!(info.key().as_str(), key);
     if key_inside_retry {
         assert_eq!(info.attempts(), 3, "the key middleware counts its passes");
+    } else {
+        assert_eq!(
+            info.attempts(),
+            1,
+            "as documented: reqwest-retry exposes no count"
+        );
     }
 }
 

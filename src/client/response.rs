@@ -29,6 +29,12 @@ impl IdempotencyInfo {
 
     /// How many attempts were sent, this response's included (1 when the first one
     /// answered).
+    ///
+    /// Counted by this crate's retry middleware ([`ClientBuilder`](crate::client::ClientBuilder)),
+    /// or by [`IdempotencyKeyMiddleware`](crate::client::IdempotencyKeyMiddleware) when it
+    /// runs inside another retry middleware. Placed *outside*
+    /// `reqwest_retry::RetryTransientMiddleware`, the key middleware sees one pass and
+    /// that crate exposes no count, so this reads 1 whatever was sent.
     #[must_use]
     pub fn attempts(&self) -> u32 {
         self.attempts
