@@ -755,8 +755,9 @@ async fn malformed_retry_after_is_ignored() {
     }
 }
 
-/// A server that answers a 400 problem and cuts the connection inside its body.
-async fn truncated_problem_server() -> String {
+/// A server that answers a 400 problem and, inside its body, cuts the connection or
+/// (`stall`) keeps it open without sending the rest.
+async fn truncated_problem_server(stall: bool) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -779,6 +780,9 @@ async fn truncated_problem_server() -> String {
                 let head = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n\
                             content-length: 200\r\n\r\n{\"type\":\"key-";
                 let _ = conn.write_all(head.as_bytes()).await;
+                if stall {
+                    std::future::pending::<()>().await;
+                }
                 // Dropped: 186 bytes of the body never come.
             });
         }
@@ -788,7 +792,7 @@ async fn truncated_problem_server() -> String {
 
 #[tokio::test]
 async fn a_problem_body_cut_short_is_an_error_not_an_empty_body() {
-    let url = truncated_problem_server().await;
+    let url = truncated_problem_server(false).await;
     let result = client(0).post(url).json(&charge()).send().await;
     match result {
         Err(err) => {
@@ -809,4 +813,21 @@ async fn a_problem_body_cut_short_is_an_error_not_an_empty_body() {
             );
         }
     }
+}
+
+/// The deadline covers reading a 400 problem body to classify it, too.
+#[tokio::test(start_paused = true)]
+async fn deadline_covers_a_stalled_problem_body() {
+    let url = truncated_problem_server(true).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::from_secs(30))
+        .build();
+    let sent = client.post(url).json(&charge()).send();
+    let err = tokio::time::timeout(Duration::from_secs(3600), sent)
+        .await
+        .expect("the 30 s deadline ends the request, not this hour-long guard")
+        .expect_err("the deadline passes");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(err.to_string().contains("deadline"), "{err}");
 }

@@ -318,10 +318,17 @@ impl Middleware for RetryMiddleware {
             Last::Answer(Ok(response))
                 if key.is_some() && response.status() == StatusCode::BAD_REQUEST =>
             {
-                match Box::pin(is_problem(response, "key-reused")).await {
-                    Ok((response, true)) => Last::KeyReused(response),
-                    Ok((response, false)) => Last::Answer(Ok(response)),
-                    Err(e) => Last::Answer(Err(e.into())),
+                // Reading the problem body is part of the request: the deadline covers it.
+                let read = is_problem(response, "key-reused");
+                let read = match deadline {
+                    Some(at) => Box::pin(tokio::time::timeout_at(at, read)).await,
+                    None => Ok(Box::pin(read).await),
+                };
+                match read {
+                    Ok(Ok((response, true))) => Last::KeyReused(response),
+                    Ok(Ok((response, false))) => Last::Answer(Ok(response)),
+                    Ok(Err(e)) => Last::Answer(Err(e.into())),
+                    Err(_) => Last::DeadlinePassed,
                 }
             }
             other => other,
