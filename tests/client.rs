@@ -755,9 +755,9 @@ async fn malformed_retry_after_is_ignored() {
     }
 }
 
-/// A server that answers a 400 problem and, inside its body, cuts the connection or
-/// (`stall`) keeps it open without sending the rest.
-async fn truncated_problem_server(stall: bool) -> String {
+/// A server that answers every request with the raw bytes `answer`, then drops the
+/// connection or (`stall`) keeps it open without sending anything more.
+async fn raw_server(answer: &'static [u8], stall: bool) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -777,17 +777,48 @@ async fn truncated_problem_server(stall: bool) -> String {
                         break;
                     }
                 }
-                let head = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n\
-                            content-length: 200\r\n\r\n{\"type\":\"key-";
-                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(answer).await;
                 if stall {
                     std::future::pending::<()>().await;
                 }
-                // Dropped: 186 bytes of the body never come.
             });
         }
     });
     format!("http://{addr}/charges")
+}
+
+/// A 400 problem whose 200-byte body stops after 13 bytes.
+const CUT_PROBLEM: &[u8] =
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n\
+    content-length: 200\r\n\r\n{\"type\":\"key-";
+
+/// A server that answers a 400 problem and, inside its body, cuts the connection or
+/// (`stall`) keeps it open without sending the rest.
+async fn truncated_problem_server(stall: bool) -> String {
+    raw_server(CUT_PROBLEM, stall).await
+}
+
+/// Header values that are not UTF-8 (obs-text) are ignored, never a panic.
+#[tokio::test]
+async fn non_utf8_answer_headers_are_ignored() {
+    let url = raw_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nretry-after: \xff\xfe\r\n\
+          idempotent-replayed: \xfftrue\r\ncontent-type: application/problem+json\xff\r\n\
+          content-length: 0\r\nconnection: close\r\n\r\n",
+        false,
+    )
+    .await;
+    let err = client(1)
+        .post(url)
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("503 twice");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 2, "retried after the backoff");
+    let info = err.response().and_then(|r| r.idempotency()).expect("kept");
+    assert!(!info.replayed());
 }
 
 #[tokio::test]
