@@ -1,7 +1,8 @@
 //! Sends N charges through the default client stack and prints one JSON line each.
 //!
 //! ```sh
-//! cargo run --example charge_client -- --url http://127.0.0.1:3000/charges --count 3
+//! cargo run --example charge_server -- --addr 127.0.0.1:3000 &
+//! cargo run --example charge_client -- --url http://127.0.0.1:3000/v1/charges --count 3
 //! cargo run --example charge_client -- --url URL --count 3 --operation nightly-batch
 //! ```
 //!
@@ -30,6 +31,32 @@ struct Line {
     attempts: u32,
     replayed: bool,
     error: Option<&'static str>,
+}
+
+/// JSON on one line with a space after each `:` and `,`, the documented line format.
+struct Spaced;
+
+impl serde_json::ser::Formatter for Spaced {
+    fn begin_object_key<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        w.write_all(if first { b"" } else { b", " })
+    }
+
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+fn to_line(line: &Line) -> Result<String, Box<dyn std::error::Error>> {
+    let mut buf = Vec::new();
+    serde::Serialize::serialize(
+        line,
+        &mut serde_json::Serializer::with_formatter(&mut buf, Spaced),
+    )?;
+    Ok(String::from_utf8(buf)?)
 }
 
 struct Args {
@@ -119,7 +146,7 @@ async fn main() -> ExitCode {
             },
         };
         all_ok &= line.error.is_none();
-        let Ok(line) = serde_json::to_string(&line) else {
+        let Ok(line) = to_line(&line) else {
             return ExitCode::FAILURE;
         };
         if writeln!(out, "{line}").is_err() {

@@ -211,18 +211,24 @@ async fn retry_after_seconds_is_honoured() {
     );
 }
 
+/// The wait between the first attempt, answered `status` with `Retry-After: value`, and
+/// the second, through a client with a 1 to 5 ms backoff and `cap`.
+async fn wait_asked_by(status: u16, value: impl Into<String>, cap: Duration) -> Duration {
+    let server = Recorder::start([Reply::status(status).retry_after(value), Reply::ok()]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .retry_after_cap(cap)
+        .build();
+    post_charge(&client, &server).await.expect("200");
+    let records = server.records();
+    records[1].at - records[0].at
+}
+
 #[tokio::test(start_paused = true)]
 async fn retry_after_http_date_is_honoured_and_capped() {
     let in_an_hour =
         httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3600));
-    let server = Recorder::start([Reply::status(429).retry_after(in_an_hour), Reply::ok()]).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .retry_policy(fast(3))
-        .retry_after_cap(Duration::from_secs(7))
-        .build();
-    post_charge(&client, &server).await.expect("200");
-    let records = server.records();
-    let gap = records[1].at - records[0].at;
+    let gap = wait_asked_by(429, in_an_hour, Duration::from_secs(7)).await;
     assert!(
         gap >= Duration::from_secs(7),
         "waited {gap:?}, the cap is 7 s"
@@ -514,6 +520,12 @@ async fn with_reqwest_retry(key_inside_retry: bool) {
     assert_eq!(info.key().as_str(), key);
     if key_inside_retry {
         assert_eq!(info.attempts(), 3, "the key middleware counts its passes");
+    } else {
+        assert_eq!(
+            info.attempts(),
+            1,
+            "as documented: reqwest-retry exposes no count"
+        );
     }
 }
 
@@ -660,4 +672,193 @@ async fn typed_errors_are_found_inside_reqwest_retry_errors() {
         .expect_err("invalid key");
     assert!(ours(&err).is_invalid_key(), "{err}");
     assert!(server.records().is_empty(), "nothing was sent");
+}
+
+/// A configured deadline bounds every request, also one that is sent once because it
+/// carries no key.
+#[tokio::test(start_paused = true)]
+async fn deadline_ends_a_hung_attempt_without_a_key() {
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::from_secs(30))
+        .with_inner(Hang)
+        .build();
+    let sent = client
+        .post("http://127.0.0.1:9/log")
+        .without_idempotency_key()
+        .send();
+    let err = tokio::time::timeout(Duration::from_secs(3600), sent)
+        .await
+        .expect("the 30 s deadline ends the request, not this hour-long guard")
+        .expect_err("the deadline passes");
+    assert!(
+        Error::from_middleware(&err).is_none(),
+        "no key, no typed error"
+    );
+    assert!(err.to_string().contains("deadline"), "{err}");
+}
+
+/// `Duration::MAX` as the deadline means "no deadline", not a panic.
+#[tokio::test]
+async fn a_deadline_of_duration_max_does_not_panic() {
+    let server = Recorder::start([]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::MAX)
+        .build();
+    let response = post_charge(&client, &server).await.expect("200");
+    assert_eq!(response.status(), 200);
+}
+
+/// A server asking for an absurd wait, to a client without a cap, within a deadline:
+/// the wait passes the deadline, so the request stops (and does not panic).
+#[tokio::test(start_paused = true)]
+async fn an_absurd_retry_after_without_a_cap_stops_at_the_deadline() {
+    let server = Recorder::start([
+        Reply::status(503).retry_after(u64::MAX.to_string()),
+        Reply::ok(),
+    ])
+    .await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .retry_after_cap(Duration::MAX)
+        .deadline(Duration::from_secs(60))
+        .build();
+    let err = post_charge(&client, &server)
+        .await
+        .expect_err("the asked wait passes the deadline");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(server.records().len(), 1);
+}
+
+/// delta-seconds too large for a u64 still mean "wait long": the cap applies, the
+/// backoff does not.
+#[tokio::test(start_paused = true)]
+async fn retry_after_beyond_u64_waits_the_cap() {
+    let gap = wait_asked_by(503, "99999999999999999999999", Duration::from_secs(7)).await;
+    assert!(
+        gap >= Duration::from_secs(7),
+        "waited {gap:?}, the cap is 7 s"
+    );
+}
+
+/// Values that are neither delta-seconds (RFC 9110: digits only) nor an HTTP date are
+/// ignored: the backoff decides.
+#[tokio::test(start_paused = true)]
+async fn malformed_retry_after_is_ignored() {
+    for value in ["+20", "-20", "20.5", "20 s", ""] {
+        let gap = wait_asked_by(503, value, Duration::from_secs(30)).await;
+        assert!(
+            gap < Duration::from_secs(1),
+            "Retry-After {value:?} is not a wait; waited {gap:?}"
+        );
+    }
+}
+
+/// A server that answers every request with the raw bytes `answer`, then drops the
+/// connection or (`stall`) keeps it open without sending anything more.
+async fn raw_server(answer: &'static [u8], stall: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let _ = conn.write_all(answer).await;
+                if stall {
+                    std::future::pending::<()>().await;
+                }
+            });
+        }
+    });
+    format!("http://{addr}/charges")
+}
+
+/// A 400 problem whose 200-byte body stops after 13 bytes.
+const CUT_PROBLEM: &[u8] =
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n\
+    content-length: 200\r\n\r\n{\"type\":\"key-";
+
+/// A server that answers a 400 problem and, inside its body, cuts the connection or
+/// (`stall`) keeps it open without sending the rest.
+async fn truncated_problem_server(stall: bool) -> String {
+    raw_server(CUT_PROBLEM, stall).await
+}
+
+/// Header values that are not UTF-8 (obs-text) are ignored, never a panic.
+#[tokio::test]
+async fn non_utf8_answer_headers_are_ignored() {
+    let url = raw_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nretry-after: \xff\xfe\r\n\
+          idempotent-replayed: \xfftrue\r\ncontent-type: application/problem+json\xff\r\n\
+          content-length: 0\r\nconnection: close\r\n\r\n",
+        false,
+    )
+    .await;
+    let err = client(1)
+        .post(url)
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("503 twice");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 2, "retried after the backoff");
+    let info = err.response().and_then(|r| r.idempotency()).expect("kept");
+    assert!(!info.replayed());
+}
+
+#[tokio::test]
+async fn a_problem_body_cut_short_is_an_error_not_an_empty_body() {
+    let url = truncated_problem_server(false).await;
+    let result = client(0).post(url).json(&charge()).send().await;
+    match result {
+        Err(err) => {
+            let err = ours(&err);
+            assert!(err.is_outcome_unknown(), "{err}");
+            assert!(err.key().is_some());
+            assert!(
+                std::error::Error::source(err).is_some(),
+                "the read error is kept"
+            );
+        }
+        Ok(response) => {
+            let status = response.status();
+            let body = response.text().await;
+            assert!(
+                body.is_err(),
+                "HTTP {status}: the body was cut, yet it reads as {body:?}"
+            );
+        }
+    }
+}
+
+/// The deadline covers reading a 400 problem body to classify it, too.
+#[tokio::test(start_paused = true)]
+async fn deadline_covers_a_stalled_problem_body() {
+    let url = truncated_problem_server(true).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .deadline(Duration::from_secs(30))
+        .build();
+    let sent = client.post(url).json(&charge()).send();
+    let err = tokio::time::timeout(Duration::from_secs(3600), sent)
+        .await
+        .expect("the 30 s deadline ends the request, not this hour-long guard")
+        .expect_err("the deadline passes");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(err.to_string().contains("deadline"), "{err}");
 }

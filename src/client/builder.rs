@@ -136,7 +136,8 @@ impl ClientBuilder {
 
     /// An overall deadline per logical request, all attempts and waits included. When it
     /// passes, a keyed request fails with
-    /// [`Error::is_outcome_unknown`](super::Error::is_outcome_unknown).
+    /// [`Error::is_outcome_unknown`](super::Error::is_outcome_unknown), a request without
+    /// a key with a timed-out I/O error. `Duration::MAX` means no deadline.
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.retry = self.retry.deadline(deadline);

@@ -44,7 +44,9 @@ impl HeaderPreset {
 /// Use it alone to add keys to a stack of your own; it works on either side of
 /// `reqwest_retry::RetryTransientMiddleware`: the key is kept in the request's
 /// [`Extensions`], which a retry middleware passes unchanged to every attempt, so a
-/// middleware placed inside the retry loop finds and reuses it.
+/// middleware placed inside the retry loop finds and reuses it. Inside the loop it
+/// also counts the attempts ([`IdempotencyInfo::attempts`](crate::client::IdempotencyInfo::attempts));
+/// outside `reqwest_retry::RetryTransientMiddleware` it cannot, and reports 1.
 ///
 /// Where the key comes from, first match wins:
 /// 1. the key header already on the request (validated, never replaced);

@@ -29,6 +29,12 @@ impl IdempotencyInfo {
 
     /// How many attempts were sent, this response's included (1 when the first one
     /// answered).
+    ///
+    /// Counted by this crate's retry middleware ([`ClientBuilder`](crate::client::ClientBuilder)),
+    /// or by [`IdempotencyKeyMiddleware`](crate::client::IdempotencyKeyMiddleware) when it
+    /// runs inside another retry middleware. Placed *outside*
+    /// `reqwest_retry::RetryTransientMiddleware`, the key middleware sees one pass and
+    /// that crate exposes no count, so this reads 1 whatever was sent.
     #[must_use]
     pub fn attempts(&self) -> u32 {
         self.attempts
@@ -96,10 +102,14 @@ const MAX_PROBLEM_BYTES: u64 = 64 * 1024;
 /// Whether `response` is an RFC 9457 problem whose `type` names `case` (`key-reused`
 /// from a Stripe-compatible server answers 400). Reads a small problem body and gives
 /// back an equivalent response (status, version, headers, URL, extensions, body bytes).
+///
+/// # Errors
+/// The body could not be read (the connection dropped inside it): the caller gets that
+/// error rather than the answer with its body silently emptied.
 pub(crate) async fn is_problem(
     mut response: reqwest::Response,
     case: &str,
-) -> (reqwest::Response, bool) {
+) -> Result<(reqwest::Response, bool), reqwest::Error> {
     let is_problem_json = response
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -108,14 +118,14 @@ pub(crate) async fn is_problem(
         .content_length()
         .is_some_and(|n| n <= MAX_PROBLEM_BYTES);
     if !is_problem_json || !small {
-        return (response, false);
+        return Ok((response, false));
     }
     let url = response.url().clone();
     let status = response.status();
     let version = response.version();
     let headers = std::mem::take(response.headers_mut());
     let extensions = std::mem::take(response.extensions_mut());
-    let body = response.bytes().await.unwrap_or_default();
+    let body = response.bytes().await?;
     let matches = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .as_ref()
@@ -130,5 +140,5 @@ pub(crate) async fn is_problem(
     *rebuilt.version_mut() = version;
     *rebuilt.headers_mut() = headers;
     rebuilt.extensions_mut().extend(extensions);
-    (reqwest::Response::from(rebuilt), matches)
+    Ok((reqwest::Response::from(rebuilt), matches))
 }

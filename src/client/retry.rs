@@ -218,8 +218,11 @@ pub(crate) fn retry_after(response: &Response) -> Option<Duration> {
         .to_str()
         .ok()?
         .trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    // delta-seconds is digits only (RFC 9110 §10.2.3): no sign, no fraction. More
+    // seconds than a u64 holds still mean "wait long", so they saturate (then the cap
+    // applies) instead of falling back to the short backoff.
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(value.parse().map_or(Duration::MAX, Duration::from_secs));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(SystemTime::now()).unwrap_or_default())
@@ -252,28 +255,29 @@ impl Middleware for RetryMiddleware {
             Some(key_middleware) => key_middleware.attach(&mut req, ext)?,
             None => self.key_of(&req, ext),
         };
-        if key.is_none() && !is_idempotent(req.method()) {
-            ext.insert(Attempt(1));
-            return next.run(req, ext).await;
-        }
         let replayable = req.body().is_none_or(|b| b.as_bytes().is_some());
-        if !replayable {
-            return match key {
-                Some(key) => Err(Error::new(Kind::BodyNotReplayable { key }, 0, None).into()),
-                None => {
-                    ext.insert(Attempt(1));
-                    next.run(req, ext).await
-                }
-            };
+        if let (Some(key), false) = (&key, replayable) {
+            let key = key.clone();
+            return Err(Error::new(Kind::BodyNotReplayable { key }, 0, None).into());
         }
+        // A POST or PATCH without a key, or a stream without a key, is sent once; the
+        // deadline still bounds it.
+        let single_shot = !replayable || (key.is_none() && !is_idempotent(req.method()));
         let started = SystemTime::now();
-        let deadline = self.deadline.map(|d| Instant::now() + d);
+        // A deadline too far away to represent (`Duration::MAX`) is no deadline.
+        let deadline = self.deadline.and_then(|d| Instant::now().checked_add(d));
+        let mut original = Some(req);
         let mut attempt = 0u32;
         let last = loop {
             attempt += 1;
             ext.insert(Attempt(attempt));
-            let Some(this) = req.try_clone() else {
-                // Unreachable: the body was checked to be replayable above.
+            let this = if single_shot {
+                original.take()
+            } else {
+                original.as_ref().and_then(Request::try_clone)
+            };
+            let Some(this) = this else {
+                // Unreachable: a single shot is sent once, other bodies are replayable.
                 break Last::Answer(Err(reqwest_middleware::Error::middleware(
                     std::io::Error::other("the request could not be cloned for another attempt"),
                 )));
@@ -287,10 +291,17 @@ impl Middleware for RetryMiddleware {
                 },
                 None => run.await,
             };
-            let Some(wait) = self.wait_before_retry(&result, started, attempt - 1) else {
+            let wait = if single_shot {
+                None
+            } else {
+                self.wait_before_retry(&result, started, attempt - 1)
+            };
+            let Some(wait) = wait else {
                 break Last::Answer(result);
             };
-            if deadline.is_some_and(|at| Instant::now() + wait >= at) {
+            // A wait that ends at or past the deadline (or past what an `Instant` can
+            // hold) is not worth starting.
+            if deadline.is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at)) {
                 break Last::Answer(result);
             }
             tracing::debug!(
@@ -307,9 +318,17 @@ impl Middleware for RetryMiddleware {
             Last::Answer(Ok(response))
                 if key.is_some() && response.status() == StatusCode::BAD_REQUEST =>
             {
-                match Box::pin(is_problem(response, "key-reused")).await {
-                    (response, true) => Last::KeyReused(response),
-                    (response, false) => Last::Answer(Ok(response)),
+                // Reading the problem body is part of the request: the deadline covers it.
+                let read = is_problem(response, "key-reused");
+                let read = match deadline {
+                    Some(at) => Box::pin(tokio::time::timeout_at(at, read)).await,
+                    None => Ok(Box::pin(read).await),
+                };
+                match read {
+                    Ok(Ok((response, true))) => Last::KeyReused(response),
+                    Ok(Ok((response, false))) => Last::Answer(Ok(response)),
+                    Ok(Err(e)) => Last::Answer(Err(e.into())),
+                    Err(_) => Last::DeadlinePassed,
                 }
             }
             other => other,
