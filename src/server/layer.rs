@@ -410,12 +410,16 @@ where
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(fut) = self.0.as_mut() else {
+        // Held outside `self` while polled: if the handler panics, the unwinding drops
+        // it here (its execution releases the key) instead of leaving a poisoned future
+        // for `drop` to spawn, which would panic again ("`async fn` resumed after
+        // panicking") on a runtime thread.
+        let Some(mut fut) = self.0.take() else {
             return Poll::Pending; // never polled again after Ready
         };
         let out = fut.as_mut().poll(cx);
-        if out.is_ready() {
-            self.0 = None;
+        if out.is_pending() {
+            self.0 = Some(fut);
         }
         out
     }
