@@ -70,9 +70,10 @@ struct Config {
 /// 4. claims the key: a completed key is replayed (same status, headers and body bytes,
 ///    plus `Idempotent-Replayed: true`), a key of another request gets `422`, a running
 ///    one `409` with `Retry-After`, a failing store `503` with `Retry-After`,
-/// 5. runs the inner service **in a spawned task** that renews the lease, so a client
-///    that disconnects does not cancel the handler: its response is still recorded and
-///    the retry receives the replay,
+/// 5. runs the inner service while renewing the lease, in place; if the caller goes
+///    away (hyper drops the response future), the rest moves **to a spawned task**, so
+///    a client that disconnects does not cancel the handler: its response is still
+///    recorded and the retry receives the replay,
 /// 6. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
 ///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
 ///
