@@ -206,6 +206,12 @@ impl IdempotencyLayer {
 
     /// What makes two requests the same (default: method, path and query,
     /// `Content-Type`, raw body).
+    ///
+    /// The path is the one this layer sees. Inside an axum `Router::nest`, axum strips
+    /// the prefix first, so a layer (and store) shared by two mounts of one router
+    /// (`/v1` and `/v2`) sees `POST /charges` for both: apply the layer outside the
+    /// `nest`, or give each mount its own scope, or the same key on the other mount
+    /// gets the first mount's response replayed.
     #[must_use]
     pub fn fingerprinter(self, fingerprinter: Fingerprinter) -> Self {
         self.with(|c| c.fingerprinter = fingerprinter)
