@@ -1,8 +1,9 @@
 //! The conformance suite fails stores that break the contract: each test wraps the
 //! memory store with one defect and expects the check for it to panic.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,19 +19,28 @@ enum Defect {
     DoubleWin,
     /// Never reports a takeover.
     NoTakeoverFlag,
+    /// Checks the token but not the lease: an owner whose lease ended can still write
+    /// while nobody else claimed the record.
+    TokenOnly,
 }
 
 struct Broken {
     inner: MemoryStore,
     defect: Defect,
     claims: AtomicUsize,
+    /// The last winning token and fingerprint per record ([`Defect::TokenOnly`]).
+    owners: Mutex<HashMap<RecordId, (FencingToken, Vec<u8>)>>,
 }
 
 #[async_trait::async_trait]
 impl Store for Broken {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let n = self.claims.fetch_add(1, Ordering::SeqCst);
+        let (id, token, fingerprint) = (*req.id, req.token, req.fingerprint.to_vec());
         let claim = self.inner.claim(req).await?;
+        if matches!(claim, Claim::Acquired { .. }) {
+            self.owners_mut().insert(id, (token, fingerprint));
+        }
         Ok(match (self.defect, claim) {
             (Defect::DoubleWin, Claim::InProgress { .. }) if n % 100 == 1 => {
                 Claim::Acquired { takeover: false }
@@ -46,6 +56,9 @@ impl Store for Broken {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        if matches!(self.defect, Defect::TokenOnly) {
+            self.revive(id, token).await;
+        }
         let r = self.inner.complete(id, token, payload, retention).await;
         self.silence(r)
     }
@@ -70,7 +83,29 @@ impl Broken {
             inner: MemoryStore::new(),
             defect,
             claims: AtomicUsize::new(0),
+            owners: Mutex::default(),
         })
+    }
+
+    fn owners_mut(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, (FencingToken, Vec<u8>)>> {
+        self.owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What a token-only store does for the last owner: writes even though its lease
+    /// ended (modelled by claiming the expired record again with the owner's token).
+    async fn revive(&self, id: &RecordId, token: FencingToken) {
+        let owner = self.owners_mut().get(id).cloned();
+        if let Some((held, fingerprint)) = owner.filter(|(t, _)| *t == token) {
+            let again = ClaimRequest {
+                id,
+                fingerprint: &fingerprint,
+                token: held,
+                lease: Duration::from_secs(60),
+            };
+            let _ = self.inner.claim(again).await;
+        }
     }
 
     fn silence(&self, r: Result<(), StoreError>) -> Result<(), StoreError> {
@@ -100,7 +135,14 @@ async fn catches_a_missing_takeover_flag() {
 }
 
 #[tokio::test]
+#[should_panic(expected = "by an owner whose lease ended must be fenced")]
+async fn catches_writes_that_ignore_the_lease() {
+    conformance::expired_owner_is_fenced(&Broken::store(Defect::TokenOnly)).await;
+}
+
+#[tokio::test]
 async fn passes_the_unbroken_store() {
-    conformance::writes_are_fenced_by_token(&(Arc::new(MemoryStore::new()) as Arc<dyn Store>))
-        .await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    conformance::writes_are_fenced_by_token(&store).await;
+    conformance::expired_owner_is_fenced(&store).await;
 }

@@ -119,3 +119,68 @@ async fn served_by_plain_hyper() {
     assert_eq!(runs.count(), 2);
     server.abort();
 }
+
+#[tokio::test]
+async fn a_panicking_handler_releases_its_key_and_panics_only_once() {
+    use futures_util::FutureExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    // Count every panic in this process (nextest runs each test in its own process).
+    let panics = Arc::new(AtomicUsize::new(0));
+    let previous = std::panic::take_hook();
+    std::panic::set_hook({
+        let panics = panics.clone();
+        Box::new(move |info| {
+            panics.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        })
+    });
+
+    let runs = Executions::default();
+    let inner = tower::service_fn({
+        let runs = runs.clone();
+        move |_: Req| {
+            let runs = runs.clone();
+            async move {
+                tokio::task::yield_now().await; // the handler waits once, then fails
+                assert!(runs.record() > 1, "the first execution panics");
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        }
+    });
+    let svc = IdempotencyLayer::new(Engine::new(MemoryStore::new())).layer(inner);
+
+    // What a catch-panic middleware (tower-http's CatchPanic) does around the layer.
+    let caught = std::panic::AssertUnwindSafe(svc.clone().oneshot(request("job-panic")))
+        .catch_unwind()
+        .await;
+    assert!(caught.is_err(), "the handler's panic reaches the caller");
+
+    // Bounded: the release of the abandoned claim runs on a spawned task.
+    let mut attempts = 0;
+    let resp = loop {
+        attempts += 1;
+        tokio::task::yield_now().await;
+        let resp = svc
+            .clone()
+            .oneshot(request("job-panic"))
+            .await
+            .expect("infallible");
+        if resp.status() != 409 {
+            break resp;
+        }
+        assert!(attempts < 200, "the panicked claim is released");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(resp.status(), 200, "the retry executes again");
+    assert_eq!(runs.count(), 2);
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        panics.load(Ordering::SeqCst),
+        1,
+        "only the handler panicked: the poisoned execution must not be polled again"
+    );
+}

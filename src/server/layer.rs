@@ -70,9 +70,10 @@ struct Config {
 /// 4. claims the key: a completed key is replayed (same status, headers and body bytes,
 ///    plus `Idempotent-Replayed: true`), a key of another request gets `422`, a running
 ///    one `409` with `Retry-After`, a failing store `503` with `Retry-After`,
-/// 5. runs the inner service **in a spawned task** that renews the lease, so a client
-///    that disconnects does not cancel the handler: its response is still recorded and
-///    the retry receives the replay,
+/// 5. runs the inner service while renewing the lease, in place; if the caller goes
+///    away (hyper drops the response future), the rest moves **to a spawned task**, so
+///    a client that disconnects does not cancel the handler: its response is still
+///    recorded and the retry receives the replay,
 /// 6. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
 ///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
 ///
@@ -205,6 +206,12 @@ impl IdempotencyLayer {
 
     /// What makes two requests the same (default: method, path and query,
     /// `Content-Type`, raw body).
+    ///
+    /// The path is the one this layer sees. Inside an axum `Router::nest`, axum strips
+    /// the prefix first, so a layer (and store) shared by two mounts of one router
+    /// (`/v1` and `/v2`) sees `POST /charges` for both: apply the layer outside the
+    /// `nest`, or give each mount its own scope, or the same key on the other mount
+    /// gets the first mount's response replayed.
     #[must_use]
     pub fn fingerprinter(self, fingerprinter: Fingerprinter) -> Self {
         self.with(|c| c.fingerprinter = fingerprinter)
@@ -410,12 +417,16 @@ where
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(fut) = self.0.as_mut() else {
+        // Held outside `self` while polled: if the handler panics, the unwinding drops
+        // it here (its execution releases the key) instead of leaving a poisoned future
+        // for `drop` to spawn, which would panic again ("`async fn` resumed after
+        // panicking") on a runtime thread.
+        let Some(mut fut) = self.0.take() else {
             return Poll::Pending; // never polled again after Ready
         };
         let out = fut.as_mut().poll(cx);
-        if out.is_ready() {
-            self.0 = None;
+        if out.is_pending() {
+            self.0 = Some(fut);
         }
         out
     }

@@ -43,9 +43,10 @@
 //!
 //! # Cancellation
 //!
-//! hyper drops a request's future when the client disconnects. The layer runs the claimed
-//! handler in a spawned task, so it finishes anyway, its response is recorded, and the
-//! retry receives the replay. (A request dropped while its claim is in flight, before the
+//! hyper drops a request's future when the client disconnects. The layer polls the
+//! claimed handler in place and, if its future is dropped before the handler ends, moves
+//! the rest to a spawned task, so it finishes anyway, its response is recorded, and the
+//! retry receives the replay. (A handler that panics releases its key instead.) (A request dropped while its claim is in flight, before the
 //! handler started, leaves at most a claim that its lease expires.)
 //!
 //! # Stored responses

@@ -104,7 +104,8 @@ impl Kind {
 }
 
 fn secs_ceil(d: Duration) -> u64 {
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    // Saturating: `Duration::MAX` is a valid setting ("as long as it takes").
+    let s = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     s.max(1)
 }
 
@@ -322,5 +323,31 @@ impl std::error::Error for Rejection {}
 impl From<Rejection> for http::Response<ResponseBody> {
     fn from(r: Rejection) -> Self {
         r.into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_and_never_overflows() {
+        let secs = |r: Rejection| r.retry_after().map(|d| d.as_secs());
+        assert_eq!(secs(Rejection::in_progress(Duration::ZERO)), Some(1));
+        assert_eq!(
+            secs(Rejection::in_progress(Duration::from_millis(1500))),
+            Some(2)
+        );
+        assert_eq!(
+            secs(Rejection::store_unavailable(Duration::from_secs(2))),
+            Some(2)
+        );
+        // `Duration::MAX` (and anything with a fraction past u64::MAX - 1 s) saturates.
+        assert_eq!(
+            secs(Rejection::store_unavailable(Duration::MAX)),
+            Some(u64::MAX)
+        );
+        let resp = Rejection::in_progress(Duration::MAX).into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], u64::MAX.to_string());
     }
 }

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use super::Store;
 
+/// The longest period: 100 years, as good as never.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// Spawns a task that calls [`Store::sweep`] every `every` (first after one period),
 /// for stores that keep expired records until swept (PostgreSQL, SQLite). A failed sweep
 /// is logged (`tracing`, warn) and tried again next period. The task ends when the
@@ -20,7 +23,9 @@ use super::Store;
 /// # }
 /// ```
 pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration) -> tokio::task::JoinHandle<()> {
-    let every = every.max(Duration::from_millis(1));
+    // `Instant + Duration` panics on overflow: a period of `Duration::MAX` ("never")
+    // is held to 100 years, like every other "forever" in the stores.
+    let every = every.clamp(Duration::from_millis(1), FOREVER);
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -59,6 +64,17 @@ mod tests {
         assert_eq!(store.len(), 1, "not swept before the first period");
         tokio::time::sleep(Duration::from_secs(6)).await;
         assert_eq!(store.len(), 0, "swept after the first period");
+        sweeper.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_period_of_duration_max_never_sweeps_and_does_not_panic() {
+        let sweeper = spawn_sweeper(Arc::new(MemoryStore::new()), Duration::MAX);
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(
+            !sweeper.is_finished(),
+            "the sweeper task must still be alive"
+        );
         sweeper.abort();
     }
 }

@@ -68,6 +68,7 @@ where
     writes_are_fenced_by_token(&store().await).await;
     claim_is_atomic(&store().await).await;
     takeover_after_lease_expiry(&store().await).await;
+    expired_owner_is_fenced(&store().await).await;
     concurrent_takeover_is_atomic(&store().await).await;
     release_makes_the_record_claimable(&store().await).await;
     renew_extends_the_lease(&store().await).await;
@@ -263,6 +264,25 @@ pub async fn takeover_after_lease_expiry(store: &Arc<dyn Store>) {
         &payload,
         "after the new owner completed",
     );
+}
+
+/// An owner whose lease ended is fenced at once, before any other claim took the record
+/// over: its complete, renew and release change nothing (a store that checks only the
+/// token would let it complete a record that counts as absent), and the next claim
+/// acquires the record.
+pub async fn expired_owner_is_fenced(store: &Arc<dyn Store>) {
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    expect_acquired(claim(store, &id, b"fp", owner, SHORT).await, false, "claim");
+    // The store took the claim before it returned, so its lease has ended by any clock
+    // once this much time has passed here.
+    let claimed = Instant::now();
+    tokio::time::sleep_until(claimed + SHORT + POLL).await;
+    expect_all_fenced(store, &id, owner, "by an owner whose lease ended").await;
+    match claim(store, &id, b"next", FencingToken::random(), LONG).await {
+        Claim::Acquired { .. } => {}
+        other => panic!("a record whose lease ended counts as absent, got {other:?}"),
+    }
 }
 
 /// Concurrent claims on an expired lease: exactly one takes it over.
