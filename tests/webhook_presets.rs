@@ -411,3 +411,42 @@ mod no_panics {
         }
     }
 }
+
+/// A webhook sender redelivers every answer that is not 2xx, expecting the event to be
+/// processed then. A handler's 404 (the order it refers to is not synced yet) or 401
+/// must therefore not be replayed for the retention period: only 2xx acknowledges.
+#[tokio::test(start_paused = true)]
+async fn only_a_2xx_acknowledges_a_delivery() {
+    let runs = Arc::new(AtomicU64::new(0));
+    let counter = runs.clone();
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(move || {
+                let runs = counter.clone();
+                async move {
+                    // Not found on the first delivery, processed on the redelivery.
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        (StatusCode::NOT_FOUND, "order not synced yet")
+                    } else {
+                        (StatusCode::OK, "ok")
+                    }
+                }
+            }),
+        )
+        .layer(Preset::stripe().layer(Engine::new(MemoryStore::new())));
+    let evt = r#"{"id":"evt_404_then_ok","object":"event"}"#;
+    let h = HeaderMap::new();
+    assert_eq!(deliver(&app, evt, &h).await, (StatusCode::NOT_FOUND, false));
+    assert_eq!(
+        deliver(&app, evt, &h).await,
+        (StatusCode::OK, false),
+        "the redelivery after a 404 is processed, not answered with the stored 404"
+    );
+    assert_eq!(
+        deliver(&app, evt, &h).await,
+        (StatusCode::OK, true),
+        "the 2xx is replayed"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -19,6 +19,8 @@ pub enum Outcome {
 ///   to retry and that usually mean nothing was done.
 /// - [`OutcomePolicy::store_all`]: store every response once execution began (Stripe's
 ///   behaviour): a retry of a request that failed with 500 gets the same 500 back.
+/// - [`OutcomePolicy::success_only`]: store 2xx only (webhook receivers: only a 2xx
+///   acknowledges a delivery, every other answer lets the redelivery run again).
 /// - [`OutcomePolicy::custom`]: your own function of the status.
 ///
 /// ```
@@ -30,6 +32,7 @@ pub enum Outcome {
 /// assert_eq!(p.decide(StatusCode::TOO_MANY_REQUESTS), Outcome::Release);
 /// assert_eq!(p.decide(StatusCode::BAD_GATEWAY), Outcome::Release);
 /// assert_eq!(OutcomePolicy::store_all().decide(StatusCode::BAD_GATEWAY), Outcome::Store);
+/// assert_eq!(OutcomePolicy::success_only().decide(StatusCode::NOT_FOUND), Outcome::Release);
 /// let only_2xx = OutcomePolicy::custom(|s| if s.is_success() { Outcome::Store } else { Outcome::Release });
 /// assert_eq!(only_2xx.decide(StatusCode::NOT_FOUND), Outcome::Release);
 /// ```
@@ -41,6 +44,22 @@ impl OutcomePolicy {
     #[must_use]
     pub const fn store_all() -> Self {
         Self(|_| Outcome::Store)
+    }
+
+    /// Store 2xx responses only; release the key on every other answer.
+    ///
+    /// The policy of the [webhook presets](super::webhook::Preset::layer): a webhook
+    /// sender redelivers every answer that is not 2xx and expects the event to be
+    /// processed then, so only a 2xx acknowledges a delivery.
+    #[must_use]
+    pub const fn success_only() -> Self {
+        Self(|s| {
+            if s.is_success() {
+                Outcome::Store
+            } else {
+                Outcome::Release
+            }
+        })
     }
 
     /// Decide with your own function.

@@ -63,7 +63,7 @@
 //! | first delivery of an id | the handler runs; its 2xx is recorded for the retention period |
 //! | duplicate after a 2xx | the first delivery's 2xx replayed (`Idempotent-Replayed: true`): the sender stops retrying |
 //! | duplicate while the first is still running | 409 with `Retry-After`: nothing is acknowledged unprocessed |
-//! | duplicate after a 5xx | the 5xx released the id: the redelivery is processed |
+//! | duplicate after any answer that is not 2xx (5xx, 4xx) | that answer released the id: the redelivery is processed |
 //! | id missing where the preset requires one | 400, problem `missing-key` |
 //!
 //! # Retention

@@ -14,7 +14,7 @@ use super::source::{Input, KeySource, ScopeSource};
 use crate::fingerprint::Fingerprinter;
 use crate::key::IdempotencyKey;
 use crate::server::{
-    Engine, ExtractKey, ExtractScope, IdempotencyLayer, KeyRequirement, Rejection,
+    Engine, ExtractKey, ExtractScope, IdempotencyLayer, KeyRequirement, OutcomePolicy, Rejection,
 };
 use crate::store::RecordId;
 
@@ -266,7 +266,9 @@ impl Preset {
     /// from this preset, a key required (or optional, see
     /// [`Preset::with_key_required`]), the retention of [`Preset::retention`], and a
     /// fingerprint that leaves JSON bodies out (retries of one event may differ in their
-    /// body; the id decides).
+    /// body; the id decides), and [`OutcomePolicy::success_only`]: only a 2xx
+    /// acknowledges a delivery and is replayed; any other answer releases the id, so
+    /// the sender's redelivery is processed.
     ///
     /// Put signature verification *outside* this layer (added after it with axum's
     /// `Router::layer`), so that a forged delivery never reaches the store.
@@ -294,6 +296,7 @@ impl Preset {
                 KeyRequirement::Optional
             })
             .fingerprinter(Fingerprinter::new().json_fields(Vec::<String>::new()))
+            .policy(OutcomePolicy::success_only())
             .retention(self.retention())
     }
 
