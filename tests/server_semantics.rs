@@ -324,6 +324,32 @@ async fn store_outage_is_503_with_retry_after_and_nothing_runs() {
 }
 
 #[tokio::test]
+async fn a_store_blip_while_completing_does_not_lose_the_outcome() {
+    // The handler ran; the store fails the first two attempts to record its response.
+    // Losing the outcome would leave the key in progress (409) until the lease ends and
+    // then run the handler a second time.
+    let store = FlakyStore::default();
+    store.failing_completes.store(2, Ordering::SeqCst);
+    let (server, ctx) = start(IdempotencyLayer::new(Engine::new(store.clone()))).await;
+    let client = http();
+    let url = server.url("/echo");
+    let first = post_json(&client, &url, Some("k-blip"), r#"{"n":1}"#).await;
+    assert_eq!(first.status(), 201);
+    let first_body = first.bytes().await.expect("body");
+    assert_eq!(
+        store.failing_completes.load(Ordering::SeqCst),
+        0,
+        "both blips hit"
+    );
+
+    let retry = post_json(&client, &url, Some("k-blip"), r#"{"n":1}"#).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.bytes().await.expect("body"), first_body);
+    assert_eq!(ctx.runs.count(), 1);
+}
+
+#[tokio::test]
 async fn fail_open_runs_the_handler_unguarded_only_when_configured() {
     let store = FlakyStore::default();
     store.failing.store(true, Ordering::SeqCst);

@@ -419,15 +419,29 @@ impl Execution {
     ///
     /// # Errors
     /// [`StoreError::is_fenced`] when the key was taken over (this owner's lease
-    /// expired): the other owner's outcome wins. Any other store error: the outcome is
-    /// not recorded, and the key is released by its lease.
+    /// expired): the other owner's outcome wins. A store that is unavailable is asked
+    /// again, with a doubling pause from 20 ms, for up to half the lease (the operation
+    /// already ran: losing its outcome would run it a second time after the lease);
+    /// if it still fails, the outcome is not recorded and the key is released by its
+    /// lease.
     pub async fn complete(mut self, payload: Bytes) -> Result<(), StoreError> {
         self.done = true;
-        self.engine
-            .cfg
-            .store
-            .complete(&self.id, self.token, payload, self.retention)
-            .await
+        let store = &self.engine.cfg.store;
+        let give_up = tokio::time::Instant::now() + self.engine.cfg.lease / 2;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let result = store
+                .complete(&self.id, self.token, payload.clone(), self.retention)
+                .await;
+            match result {
+                Err(e) if e.is_unavailable() && tokio::time::Instant::now() + pause < give_up => {
+                    tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = pause.saturating_mul(2);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Releases the key without an outcome: the next request executes again.

@@ -1,7 +1,7 @@
 //! Verifier-side helpers: gated handlers, a store that fails on demand, HTTP shortcuts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -96,6 +96,8 @@ impl Gate {
 pub struct FlakyStore {
     pub inner: MemoryStore,
     pub failing: Arc<AtomicBool>,
+    /// How many of the next `complete` calls fail (a short store blip after the handler).
+    pub failing_completes: Arc<AtomicU32>,
 }
 
 impl FlakyStore {
@@ -125,6 +127,15 @@ impl Store for FlakyStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         self.check("complete")?;
+        let blip = self
+            .failing_completes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if blip.is_ok() {
+            return Err(StoreError::unavailable(
+                "complete",
+                std::io::Error::other("injected blip"),
+            ));
+        }
         self.inner.complete(id, token, payload, retention).await
     }
     async fn renew(
