@@ -149,3 +149,114 @@ async fn postgres_outage() {
     )
     .await;
 }
+
+/// Counts the 503 answers that reach the client stack's retry loop.
+#[derive(Clone, Default)]
+struct Count503(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Count503 {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let resp = next.run(req, extensions).await?;
+        if resp.status() == 503 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(resp)
+    }
+}
+
+/// The two halves together through a store outage: the client stack keeps each
+/// operation's key across the verifier's 503s, honours their `Retry-After`, and once
+/// the store is back every operation is charged exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
+    use idemkey::client::{ClientBuilder, ResponseExt};
+
+    let mut server = support::RedisServer::start_durable();
+    let store = idemkey::store::RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    let store: Arc<dyn Store> = Arc::new(store);
+    let handler = Handler::open();
+    let apps = [
+        apps::spawn_app(Arc::clone(&store), handler.clone()).await,
+        apps::spawn_app(store, handler.clone()).await,
+    ];
+    let refusals = Count503::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .max_retries(30)
+        .retry_after_cap(Duration::from_secs(1))
+        .deadline(Duration::from_secs(60))
+        .with_inner(refusals.clone())
+        .build();
+
+    server.kill();
+    let mut operations = tokio::task::JoinSet::new();
+    for i in 0..KEYS {
+        let (client, addr) = (client.clone(), apps[i % 2]);
+        operations.spawn(async move {
+            let resp = client
+                .post(format!("http://{addr}/v1/charges"))
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"amount":{i},"currency":"eur"}}"#))
+                .send()
+                .await
+                .expect("the operation succeeds once the store is back");
+            let info = resp.idempotency().expect("a POST carries a key").clone();
+            (
+                i,
+                addr,
+                info,
+                resp.status(),
+                resp.bytes().await.expect("body"),
+            )
+        });
+    }
+    // Every operation has been refused at least once before the store comes back
+    // (bounded wait: 60 s).
+    for _ in 0..600 {
+        if refusals.0.load(std::sync::atomic::Ordering::SeqCst) >= KEYS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refusals.0.load(std::sync::atomic::Ordering::SeqCst) >= KEYS);
+    assert_eq!(
+        handler.executions(),
+        0,
+        "nothing ran while the store was down"
+    );
+    tokio::task::block_in_place(|| server.restart());
+
+    let done = operations.join_all().await;
+    assert_eq!(
+        handler.executions(),
+        KEYS,
+        "each operation charged exactly once"
+    );
+    let plain = reqwest::Client::new();
+    for (i, addr, info, status, body) in done {
+        assert_eq!(status, 201);
+        assert!(info.attempts() >= 2, "retried through the outage: {info:?}");
+        // A later retry of the same operation is a replay of the same charge.
+        let reply = plain
+            .post(format!("http://{addr}/v1/charges"))
+            .header("idempotency-key", info.key().as_str())
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"amount":{i},"currency":"eur"}}"#))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(reply.status(), 201);
+        assert_eq!(reply.headers()["idempotent-replayed"], "true");
+        assert_eq!(reply.bytes().await.expect("body"), body);
+    }
+    assert_eq!(handler.executions(), KEYS);
+}
