@@ -159,6 +159,7 @@ pub struct Fingerprinter {
     headers: Vec<HeaderName>,
     canonical_json: bool,
     json_fields: Option<Vec<String>>,
+    without_body: bool,
 }
 
 impl Fingerprinter {
@@ -219,6 +220,29 @@ impl Fingerprinter {
         self
     }
 
+    /// Leaves the body out of the fingerprint entirely (without reading or parsing it):
+    /// for requests whose key already names their content, such as webhook deliveries
+    /// keyed by the sender's event id, where a redelivery of one event may carry a
+    /// different body. Method, path and query, `Content-Type` and selected headers
+    /// still count.
+    ///
+    /// ```
+    /// use idemkey::fingerprint::Fingerprinter;
+    /// use http::{Method, HeaderMap, Uri};
+    /// let fp = Fingerprinter::new().without_body();
+    /// let uri = Uri::from_static("/webhooks/stripe");
+    /// let h = HeaderMap::new();
+    /// assert_eq!(
+    ///     fp.fingerprint(&Method::POST, &uri, &h, br#"{"id":"evt_1","pending_webhooks":2}"#),
+    ///     fp.fingerprint(&Method::POST, &uri, &h, br#"{"id":"evt_1","pending_webhooks":1}"#),
+    /// );
+    /// ```
+    #[must_use]
+    pub fn without_body(mut self) -> Self {
+        self.without_body = true;
+        self
+    }
+
     /// The fingerprint of a request given by its parts.
     #[must_use]
     pub fn fingerprint(
@@ -266,6 +290,11 @@ impl Fingerprinter {
     }
 
     fn body(&self, h: &mut Hasher, headers: &HeaderMap, body: &[u8]) {
+        if self.without_body {
+            // A tag of its own: never equal to any fingerprint of a body.
+            h.field(b'X', b"");
+            return;
+        }
         let wants_json = self.canonical_json || self.json_fields.is_some();
         let value = (wants_json && (self.json_fields.is_some() || is_json(headers)))
             .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
@@ -319,6 +348,29 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         h
+    }
+
+    #[test]
+    fn without_body_ignores_the_body_but_nothing_else() {
+        let fp = Fingerprinter::new().without_body();
+        let uri = Uri::from_static("/hook");
+        let h = json_headers();
+        let a = fp.fingerprint(&Method::POST, &uri, &h, b"{\"a\":1}");
+        assert_eq!(a, fp.fingerprint(&Method::POST, &uri, &h, b"not even json"));
+        assert_ne!(a, fp.fingerprint(&Method::PUT, &uri, &h, b""));
+        assert_ne!(
+            a,
+            fp.fingerprint(&Method::POST, &Uri::from_static("/other"), &h, b"")
+        );
+        assert_ne!(
+            a,
+            fp.fingerprint(&Method::POST, &uri, &HeaderMap::new(), b"")
+        );
+        // Never equal to a fingerprint that includes an (empty) body.
+        assert_ne!(
+            a,
+            Fingerprinter::new().fingerprint(&Method::POST, &uri, &h, b"")
+        );
     }
 
     #[test]

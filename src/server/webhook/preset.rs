@@ -265,7 +265,7 @@ impl Preset {
     /// An [`IdempotencyLayer`] over `engine` for this sender's route: the key and scope
     /// from this preset, a key required (or optional, see
     /// [`Preset::with_key_required`]), the retention of [`Preset::retention`], and a
-    /// fingerprint that leaves JSON bodies out (retries of one event may differ in their
+    /// fingerprint that leaves the body out ([`Fingerprinter::without_body`]; retries of one event may differ in their
     /// body; the id decides), and [`OutcomePolicy::success_only`]: only a 2xx
     /// acknowledges a delivery and is replayed; any other answer releases the id, so
     /// the sender's redelivery is processed.
@@ -295,7 +295,7 @@ impl Preset {
             } else {
                 KeyRequirement::Optional
             })
-            .fingerprinter(Fingerprinter::new().json_fields(Vec::<String>::new()))
+            .fingerprinter(Fingerprinter::new().without_body())
             .policy(OutcomePolicy::success_only())
             .retention(self.retention())
     }
