@@ -156,25 +156,52 @@ async fn verify(State(check): State<Check>, req: Request, next: Next) -> Respons
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
         Ok(b) => b,
-        Err(e) => {
+        Err(e) if is_length_limit(&e) => {
             return problem(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
+                "Delivery body too large",
+                &e.to_string(),
+            );
+        }
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "body-unreadable",
+                "Delivery body could not be read",
                 &e.to_string(),
             );
         }
     };
     if let Err(why) = check.verify(&parts.headers, &bytes) {
-        return problem(StatusCode::UNAUTHORIZED, "invalid-signature", &why);
+        return problem(
+            StatusCode::UNAUTHORIZED,
+            "invalid-signature",
+            "Webhook signature rejected",
+            &why,
+        );
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
 
-fn problem(status: StatusCode, case: &str, detail: &str) -> Response {
+/// `true` when reading the body failed because it passed the limit (not because the
+/// sender went away mid-body).
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+fn problem(status: StatusCode, case: &str, title: &str, detail: &str) -> Response {
     let body = serde_json::json!({
         "type": format!("{PROBLEM_TYPE_PREFIX}{case}"),
-        "title": "Webhook signature rejected",
+        "title": title,
         "status": status.as_u16(),
         "detail": detail,
     });

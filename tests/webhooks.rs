@@ -586,3 +586,24 @@ async fn a_failed_batch_keeps_its_completed_items_and_retries_the_rest() {
     let bad = deliver(&client, &url, &headers(&[]), r#"{"not":"an array"}"#).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn an_oversized_signed_delivery_gets_413_naming_the_size_not_the_signature() {
+    let (base, client) = example(Some("whsec_test_secret")).await;
+    let resp = client
+        .post(format!("{base}/webhooks/stripe"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 3 * 1024 * 1024])
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let problem: serde_json::Value = resp.json().await.expect("problem+json");
+    assert!(
+        problem["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("body-too-large")),
+        "{problem}"
+    );
+    assert_eq!(problem["title"], "Delivery body too large");
+}
