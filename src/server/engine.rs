@@ -217,8 +217,13 @@ impl Engine {
     /// assert_eq!(engine.lease(), Duration::from_secs(5));
     /// ```
     pub fn builder(store: impl Store) -> EngineBuilder {
+        Self::builder_shared(Arc::new(store))
+    }
+
+    /// [`Engine::builder`] over a store that is already shared.
+    pub(crate) fn builder_shared(store: Arc<dyn Store>) -> EngineBuilder {
         EngineBuilder {
-            store: Arc::new(store),
+            store,
             lease: DEFAULT_LEASE,
             renew_every: None,
             retention: DEFAULT_RETENTION,
@@ -270,33 +275,9 @@ impl Engine {
         id: RecordId,
         fingerprint: &[u8],
     ) -> Result<Begin, Rejection> {
-        let token = FencingToken::random();
-        let claim = self
-            .cfg
-            .store
-            .claim(ClaimRequest {
-                id: &id,
-                fingerprint,
-                token,
-                lease: self.cfg.lease,
-            })
-            .await;
-        match claim {
-            Ok(Claim::Acquired { takeover }) => {
-                if takeover {
-                    tracing::info!(record = %id, "took over a key whose owner's lease expired");
-                }
-                Ok(Begin::Execute(Execution {
-                    engine: self.clone(),
-                    id,
-                    token,
-                    takeover,
-                    retention: self.cfg.retention,
-                    lost: false,
-                    done: false,
-                }))
-            }
-            Ok(Claim::InProgress {
+        match self.claim(id, fingerprint).await {
+            Ok(Claimed::Execute(execution)) => Ok(Begin::Execute(execution)),
+            Ok(Claimed::InProgress {
                 fingerprint: held,
                 lease_remaining,
             }) => Err(if held != fingerprint {
@@ -304,7 +285,7 @@ impl Engine {
             } else {
                 Rejection::in_progress(lease_remaining.min(self.cfg.in_progress_retry_after))
             }),
-            Ok(Claim::Completed {
+            Ok(Claimed::Completed {
                 fingerprint: held,
                 payload,
             }) => {
@@ -326,6 +307,71 @@ impl Engine {
             }
         }
     }
+
+    /// Claims `id` and returns the store's answer as it is, before the rules of
+    /// [`Engine::begin`] (fingerprint match, fail-open) apply: for callers with rules of
+    /// their own, such as the webhook batch deduper.
+    pub(crate) async fn claim(
+        &self,
+        id: RecordId,
+        fingerprint: &[u8],
+    ) -> Result<Claimed, StoreError> {
+        let token = FencingToken::random();
+        let claim = self
+            .cfg
+            .store
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint,
+                token,
+                lease: self.cfg.lease,
+            })
+            .await?;
+        Ok(match claim {
+            Claim::Acquired { takeover } => {
+                if takeover {
+                    tracing::info!(record = %id, "took over a key whose owner's lease expired");
+                }
+                Claimed::Execute(Execution {
+                    engine: self.clone(),
+                    id,
+                    token,
+                    takeover,
+                    retention: self.cfg.retention,
+                    lost: false,
+                    done: false,
+                })
+            }
+            Claim::InProgress {
+                fingerprint,
+                lease_remaining,
+            } => Claimed::InProgress {
+                fingerprint,
+                lease_remaining,
+            },
+            Claim::Completed {
+                fingerprint,
+                payload,
+            } => Claimed::Completed {
+                fingerprint,
+                payload,
+            },
+        })
+    }
+}
+
+/// A claim as the store answered it, with a won claim already wrapped in an
+/// [`Execution`] (lease renewal, fenced completion, release on drop).
+pub(crate) enum Claimed {
+    /// This caller owns the key.
+    Execute(Execution),
+    /// Another claim holds a live lease.
+    InProgress {
+        fingerprint: Bytes,
+        lease_remaining: Duration,
+    },
+    /// The record is completed.
+    Completed { fingerprint: Bytes, payload: Bytes },
 }
 
 /// A claimed key: run the operation, then complete or release.

@@ -14,7 +14,8 @@ use super::preset::DEFAULT_WEBHOOK_RETENTION;
 use super::source::KeySource;
 use crate::key::IdempotencyKey;
 use crate::server::Rejection;
-use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+use crate::server::engine::{Claimed, Engine};
+use crate::store::{RecordId, Store, StoreError};
 
 /// The fingerprint recorded with every batch item (items are identified by id only).
 const ITEM_FINGERPRINT: &[u8] = b"idemkey/batch-item/v1";
@@ -65,11 +66,11 @@ pub const DEFAULT_ITEM_LEASE: Duration = Duration::from_secs(30);
 /// ```
 #[derive(Clone)]
 pub struct BatchDeduper {
-    store: Arc<dyn Store>,
+    /// Claims, lease renewal, fenced completion and release on drop: the same engine
+    /// as the verifier's, with the items' lease and retention.
+    engine: Engine,
     id: KeySource,
     scope: Arc<str>,
-    lease: Duration,
-    retention: Duration,
 }
 
 impl fmt::Debug for BatchDeduper {
@@ -77,8 +78,8 @@ impl fmt::Debug for BatchDeduper {
         f.debug_struct("BatchDeduper")
             .field("id", &self.id)
             .field("scope", &self.scope)
-            .field("lease", &self.lease)
-            .field("retention", &self.retention)
+            .field("lease", &self.engine.lease())
+            .field("retention", &self.engine.retention())
             .finish_non_exhaustive()
     }
 }
@@ -90,12 +91,21 @@ impl BatchDeduper {
     #[must_use]
     pub fn new(store: impl Store, id: KeySource) -> Self {
         Self {
-            store: Arc::new(store),
+            engine: Self::engine(
+                Arc::new(store),
+                DEFAULT_ITEM_LEASE,
+                DEFAULT_WEBHOOK_RETENTION,
+            ),
             id,
             scope: Arc::from("webhook:batch"),
-            lease: DEFAULT_ITEM_LEASE,
-            retention: DEFAULT_WEBHOOK_RETENTION,
         }
+    }
+
+    fn engine(store: Arc<dyn Store>, lease: Duration, retention: Duration) -> Engine {
+        Engine::builder_shared(store)
+            .lease(lease)
+            .retention(retention)
+            .build()
     }
 
     /// SendGrid's Event Webhook: items identified by `sg_event_id`, scope
@@ -120,14 +130,17 @@ impl BatchDeduper {
     /// The lease held on an item while its handler runs (renewed every third of it).
     #[must_use]
     pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(10));
+        let store = Arc::clone(self.engine.store());
+        let lease = lease.max(Duration::from_millis(10));
+        self.engine = Self::engine(store, lease, self.engine.retention());
         self
     }
 
     /// How long a processed item's id is remembered.
     #[must_use]
     pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
+        let store = Arc::clone(self.engine.store());
+        self.engine = Self::engine(store, self.engine.lease(), retention);
         self
     }
 
@@ -180,43 +193,31 @@ impl BatchDeduper {
                 continue;
             };
             let id = RecordId::new(&self.scope, key.as_str());
-            let token = FencingToken::random();
             let claim = self
-                .store
-                .claim(ClaimRequest {
-                    id: &id,
-                    fingerprint: ITEM_FINGERPRINT,
-                    token,
-                    lease: self.lease,
-                })
+                .engine
+                .claim(id, ITEM_FINGERPRINT)
                 .await
                 .map_err(|e| BatchError::store(e, outcome))?;
             match claim {
-                Claim::Completed { .. } => outcome.duplicates += 1,
-                Claim::InProgress { .. } => outcome.in_progress += 1,
-                Claim::Acquired { .. } => {
-                    let guard = ReleaseOnDrop {
-                        store: Some(Arc::clone(&self.store)),
-                        id,
-                        token,
-                    };
-                    let result = self.run_renewing(&id, token, handler(item)).await;
-                    match result {
+                Claimed::Completed { .. } => outcome.duplicates += 1,
+                Claimed::InProgress { .. } => outcome.in_progress += 1,
+                Claimed::Execute(mut execution) => {
+                    // Renews the lease while the handler runs; a cancelled delivery drops
+                    // the execution, which releases the claim.
+                    match execution.run(handler(item)).await {
                         Ok(()) => {
-                            // The handler ran: releasing now would only invite a second
-                            // run. If recording fails, the claim expires with its lease.
-                            guard.disarm();
-                            self.store
-                                .complete(&id, token, Bytes::from_static(ITEM_DONE), self.retention)
+                            // The handler ran: recording it is retried through a store
+                            // blip; if it still fails, the claim expires with its lease.
+                            execution
+                                .complete(Bytes::from_static(ITEM_DONE))
                                 .await
                                 .map_err(|e| BatchError::store(e, outcome))?;
                             outcome.processed += 1;
                         }
                         Err(e) => {
-                            guard.disarm();
                             // A failed release leaves the claim to expire with its lease;
                             // the handler's error is the one to report.
-                            if let Err(release) = self.store.release(&id, token).await {
+                            if let Err(release) = execution.release().await {
                                 tracing::warn!(%release, "could not release a failed batch item; it becomes claimable when its lease ends");
                             }
                             return Err(BatchError {
@@ -229,58 +230,6 @@ impl BatchDeduper {
             }
         }
         Ok(outcome)
-    }
-
-    /// Runs `work`, renewing the lease on `id` every third of the lease meanwhile.
-    async fn run_renewing<T>(
-        &self,
-        id: &RecordId,
-        token: FencingToken,
-        work: impl Future<Output = T>,
-    ) -> T {
-        let mut work = std::pin::pin!(work);
-        let period = self.lease / 3;
-        let mut next = tokio::time::Instant::now() + period;
-        loop {
-            tokio::select! {
-                out = &mut work => return out,
-                () = tokio::time::sleep_until(next) => {
-                    next += period;
-                    if let Err(e) = self.store.renew(id, token, self.lease).await {
-                        tracing::warn!(%e, "could not renew the lease of a batch item in progress");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Releases a claim whose handler was dropped before it finished (a cancelled delivery).
-struct ReleaseOnDrop {
-    store: Option<Arc<dyn Store>>,
-    id: RecordId,
-    token: FencingToken,
-}
-
-impl ReleaseOnDrop {
-    fn disarm(mut self) {
-        self.store = None;
-    }
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
-            return;
-        };
-        let (id, token) = (self.id, self.token);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = store.release(&id, token).await {
-                    tracing::warn!(%e, "could not release a cancelled batch item; it becomes claimable when its lease ends");
-                }
-            });
-        }
     }
 }
 
