@@ -16,15 +16,16 @@
 //!   127.0.0.1 and injects faults (lost responses, delays, resets) between a client and
 //!   it, to prove exactly-once effects in your own tests.
 //!
-//! Both halves follow one wire protocol: the IETF `Idempotency-Key` header (bare or
-//! RFC 8941 sf-string), `Idempotent-Replayed: true` on replays, and RFC 9457 problem
-//! responses with a stable `type` per case.
+//! Both halves follow one wire protocol, written once in [`protocol`]: the IETF
+//! `Idempotency-Key` header (bare or RFC 8941 sf-string), `Idempotent-Replayed: true` on
+//! replays, and RFC 9457 problem responses with a stable `type` per case.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "client")]
 pub mod client;
-pub mod headers;
+mod framing;
 pub mod key;
+pub mod protocol;
 
 #[cfg(feature = "server")]
 pub mod fingerprint;

@@ -197,7 +197,7 @@ impl Middleware for FaultInjector {
         let attempt = self.inner.attempts.fetch_add(1, Ordering::SeqCst);
         let key = req
             .headers()
-            .get(crate::headers::IDEMPOTENCY_KEY)
+            .get(crate::protocol::headers::IDEMPOTENCY_KEY)
             .map(|v| v.as_bytes().to_vec())
             .unwrap_or_default();
         let (key_index, key_attempt) = {

@@ -44,7 +44,7 @@ pub async fn problem(resp: reqwest::Response) -> (u16, String, serde_json::Value
     let v = json(resp).await;
     let ty = v["type"].as_str().expect("problem has a type").to_owned();
     let case = ty
-        .strip_prefix(idemkey::server::PROBLEM_TYPE_PREFIX)
+        .strip_prefix(idemkey::protocol::problem::TYPE_PREFIX)
         .expect("problem type has the idemkey prefix")
         .to_owned();
     assert_eq!(v["status"], status, "problem status matches HTTP status");
