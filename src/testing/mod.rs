@@ -6,6 +6,8 @@
 //!   plan, loses a response after the server processed the request, delays a request,
 //!   or resets the connection before the request arrives. Put it inside the client's
 //!   retry loop (`idemkey::client::ClientBuilder::with_inner`) so every attempt meets it.
+//! - [`FaultProxy`]: the same faults at the network level, as a real HTTP proxy on
+//!   `127.0.0.1` between any client (another process, another language) and any server.
 //! - [`Executions`]: a counter of handler executions, and [`charges`], a small charge
 //!   API (the one `examples/charge_server.rs` serves) that counts them.
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
@@ -40,9 +42,11 @@
 pub mod charges;
 pub mod conformance;
 mod faults;
+mod proxy;
 mod server;
 
-pub use faults::{Fault, FaultInjector, FaultStats, Shot};
+pub use faults::{Fault, FaultInjector, FaultRates, FaultStats, Shot};
+pub use proxy::FaultProxy;
 pub use server::TestServer;
 
 use std::sync::Arc;
