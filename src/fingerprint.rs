@@ -51,6 +51,8 @@ use http::{HeaderMap, HeaderName, Method, Uri, header::CONTENT_TYPE};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::json_pointer::{self, Pointer};
+
 /// The version of the fingerprint scheme, the first byte of every [`Fingerprint`].
 ///
 /// It changes whenever the hashed input changes, so that fingerprints of different
@@ -157,7 +159,7 @@ impl Hasher {
 pub struct Fingerprinter {
     headers: Vec<HeaderName>,
     canonical_json: bool,
-    json_fields: Option<Vec<String>>,
+    json_fields: Option<Vec<Pointer>>,
     without_body: bool,
 }
 
@@ -215,7 +217,12 @@ impl Fingerprinter {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.json_fields = Some(pointers.into_iter().map(Into::into).collect());
+        self.json_fields = Some(
+            pointers
+                .into_iter()
+                .map(|p| Pointer::new(&p.into()))
+                .collect(),
+        );
         self
     }
 
@@ -294,34 +301,40 @@ impl Fingerprinter {
             h.field(b'X', b"");
             return;
         }
-        let wants_json = self.canonical_json || self.json_fields.is_some();
-        let value = (wants_json && (self.json_fields.is_some() || is_json(headers)))
-            .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
-            .flatten();
-        let Some(value) = value else {
-            h.field(b'R', body);
-            return;
-        };
         match &self.json_fields {
-            None => match serde_json_canonicalizer::to_vec(&value) {
-                Ok(c) => h.field(b'C', &c),
-                Err(_) => h.field(b'R', body),
-            },
-            Some(pointers) => {
-                h.field(b'F', &(pointers.len() as u64).to_be_bytes());
-                for p in pointers {
-                    h.field(b'p', p.as_bytes());
-                    match value
-                        .pointer(p)
-                        .and_then(|v| serde_json_canonicalizer::to_vec(v).ok())
-                    {
-                        Some(c) => h.field(b'v', &c),
-                        None => h.field(b'a', b""),
+            // Parsed as a `Value` whatever the `Content-Type`; a body that is not one is
+            // fingerprinted raw.
+            Some(pointers) => match json_pointer::parse_value_document(body) {
+                Some(doc) => {
+                    h.field(b'F', &(pointers.len() as u64).to_be_bytes());
+                    for p in pointers {
+                        h.field(b'p', p.as_str().as_bytes());
+                        match p.find(doc).and_then(canonical) {
+                            Some(c) => h.field(b'v', &c),
+                            None => h.field(b'a', b""),
+                        }
                     }
                 }
+                None => h.field(b'R', body),
+            },
+            None if self.canonical_json && is_json(headers) => {
+                match serde_json::from_slice::<serde_json::Value>(body)
+                    .ok()
+                    .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok())
+                {
+                    Some(c) => h.field(b'C', &c),
+                    None => h.field(b'R', body),
+                }
             }
+            None => h.field(b'R', body),
         }
     }
+}
+
+/// RFC 8785 canonical form of one JSON value, read as a `Value` (as it always was).
+fn canonical(value: &serde_json::value::RawValue) -> Option<Vec<u8>> {
+    let value: serde_json::Value = serde_json::from_str(value.get()).ok()?;
+    serde_json_canonicalizer::to_vec(&value).ok()
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

@@ -73,7 +73,6 @@
 //! event later carries a floor below which its retention is never set.
 
 mod batch;
-mod pointer;
 mod preset;
 mod signature;
 mod source;

@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderName};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use super::pointer::{self, Pointer, Scalar};
+use crate::json_pointer::{self as pointer, Pointer, Scalar};
 use crate::key::{IdempotencyKey, InvalidKey};
 use crate::server::{ExtractKey, ExtractScope, Rejection};
 
