@@ -450,3 +450,48 @@ async fn only_a_2xx_acknowledges_a_delivery() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// A delivery that carries its id header twice (two `X-GitHub-Delivery` headers, say) is
+/// malformed for every preset that reads the id from a header, as a doubled
+/// `Idempotency-Key` is for the plain layer: the sender's id is ambiguous, so neither
+/// value is trusted, even two equal ones.
+#[tokio::test]
+async fn a_repeated_id_header_is_invalid_key_for_every_header_preset() {
+    let header_presets = [
+        (Preset::github(), "x-github-delivery"),
+        (Preset::standard_webhooks(), "webhook-id"),
+        (Preset::svix(), "svix-id"),
+        (Preset::shopify(), "x-shopify-webhook-id"),
+        (Preset::shopify_events(), "x-shopify-event-id"),
+        (Preset::gitlab(), "idempotency-key"),
+        (Preset::jira(), "x-atlassian-webhook-identifier"),
+        (Preset::idempotency_key(), "idempotency-key"),
+    ];
+    for (preset, name) in &header_presets {
+        for second in ["id-2", "id-1"] {
+            let h = headers(&[(name, "id-1"), (name, second)]);
+            let e = preset
+                .identify(&h, b"{}")
+                .expect_err("an id header sent twice is malformed");
+            assert_eq!(
+                (e.status(), e.problem_type()),
+                (StatusCode::BAD_REQUEST, "invalid-key"),
+                "{}",
+                preset.name()
+            );
+        }
+    }
+
+    let runs = Arc::new(AtomicU64::new(0));
+    let app = app(Preset::github(), runs.clone());
+    let twice = headers(&[
+        ("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ("x-github-hook-id", "1"),
+    ]);
+    assert_eq!(
+        deliver(&app, "{}", &twice).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
+}

@@ -36,6 +36,7 @@ macro_rules! problems {
         /// | `record-unreadable` | 500 | no (it ran before; its record cannot be read) |
         /// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
         /// | `scope-rejected` | chosen by the scope extractor (401 by default) | no |
+        /// | `invalid-scope` | 400 | no |
         /// | `response-failed` | 500 | yes, but its response body failed; the key was released |
         ///
         /// ```
@@ -104,6 +105,9 @@ problems! {
     ResponseNotStored = "response-not-stored", GONE, "Original response was not stored";
     /// The scope extractor refused the request (a missing credential, say).
     ScopeRejected = "scope-rejected", UNAUTHORIZED, "Request scope rejected";
+    /// The scope is malformed: its header was sent twice or empty, or its JSON field is
+    /// not a string or number.
+    InvalidScope = "invalid-scope", BAD_REQUEST, "Request scope malformed";
     /// The handler ran, but its response body failed; the key was released.
     ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response body failed";
 }

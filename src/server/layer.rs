@@ -21,6 +21,7 @@ use super::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
 use super::policy::{Outcome, OutcomePolicy};
 use super::record::Record;
 use super::rejection::Rejection;
+use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprinter;
 use crate::protocol::headers::IDEMPOTENT_REPLAYED;
 use crate::protocol::status::is_safe;
@@ -39,6 +40,21 @@ pub enum KeyRequirement {
     Optional,
     /// The layer steps aside: the body is not buffered, no key is looked for.
     Off,
+}
+
+impl KeyRequirement {
+    /// The key a request goes on with: `Ok(None)` runs it unguarded; a required key that
+    /// `extractor` did not find is `400 missing-key`, naming where it looks.
+    pub(crate) fn apply(
+        self,
+        found: Option<IdempotencyKey>,
+        extractor: &dyn ExtractKey,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        match found {
+            None if self == Self::Required => Err(Rejection::missing_key(&extractor.describe())),
+            found => Ok(found),
+        }
+    }
 }
 
 type RequirementFn = dyn Fn(&Parts) -> KeyRequirement + Send + Sync;
@@ -362,11 +378,12 @@ where
         Ok(b) => b,
         Err(rejection) => return Ok(rejection.into_response()),
     };
-    let key = match cfg.key.extract_key(&parts, &bytes) {
+    let found = cfg
+        .key
+        .extract_key(&parts, &bytes)
+        .and_then(|found| requirement.apply(found, &*cfg.key));
+    let key = match found {
         Ok(Some(k)) => k,
-        Ok(None) if requirement == KeyRequirement::Required => {
-            return Ok(Rejection::missing_key(&cfg.key.describe()).into_response());
-        }
         Ok(None) => {
             let req = Request::from_parts(parts, RequestBody::buffered(bytes));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));

@@ -151,6 +151,13 @@ impl Rejection {
         Self::new(Problem::ScopeRejected, status, detail)
     }
 
+    /// 400 `invalid-scope`: the scope is there but malformed (its header sent twice or
+    /// empty, its JSON field an object).
+    #[must_use]
+    pub fn invalid_scope(why: impl fmt::Display) -> Self {
+        Self::of(Problem::InvalidScope, why.to_string())
+    }
+
     /// 500 `response-failed`: the handler ran but its response body failed while it
     /// was read; the key was released so that a retry executes again.
     #[must_use]

@@ -11,10 +11,10 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use super::preset::DEFAULT_WEBHOOK_RETENTION;
-use super::source::KeySource;
 use crate::key::IdempotencyKey;
-use crate::server::Rejection;
 use crate::server::engine::{Claimed, Engine};
+use crate::server::extract::KeySource;
+use crate::server::rejection::Rejection;
 use crate::store::{RecordId, Store, StoreError};
 
 /// The fingerprint recorded with every batch item (items are identified by id only).

@@ -75,9 +75,9 @@
 mod batch;
 mod preset;
 mod signature;
-mod source;
 
+#[doc(no_inline)]
+pub use crate::server::extract::{KeySource, ScopeSource};
 pub use batch::{BatchDeduper, BatchError, BatchItem, BatchOutcome, DEFAULT_ITEM_LEASE};
 pub use preset::{DEFAULT_WEBHOOK_RETENTION, DeliveryId, Preset};
 pub use signature::{DEFAULT_TOLERANCE, SignatureError, StandardWebhooksVerifier};
-pub use source::{KeySource, ScopeSource};

@@ -3,19 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName};
-
 use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::request::Parts;
+use http::{HeaderMap, HeaderName};
 
-use super::source::{Input, KeySource, ScopeSource};
 use crate::fingerprint::Fingerprinter;
 use crate::key::IdempotencyKey;
-use crate::server::{
-    Engine, ExtractKey, ExtractScope, IdempotencyLayer, KeyRequirement, OutcomePolicy, Rejection,
-};
+use crate::server::engine::Engine;
+use crate::server::extract::{ExtractKey, ExtractScope, Input, KeySource, ScopeSource};
+use crate::server::layer::{IdempotencyLayer, KeyRequirement};
+use crate::server::policy::OutcomePolicy;
+use crate::server::rejection::Rejection;
 use crate::store::RecordId;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -212,6 +212,15 @@ impl Preset {
         self.floor
     }
 
+    /// Whether the layer rejects a delivery without an id or passes it on.
+    fn requirement(&self) -> KeyRequirement {
+        if self.key_required {
+            KeyRequirement::Required
+        } else {
+            KeyRequirement::Optional
+        }
+    }
+
     /// The scope of deliveries that name no tenant: `webhook:<name>`.
     #[must_use]
     pub fn base_scope(&self) -> String {
@@ -225,19 +234,16 @@ impl Preset {
     ///
     /// # Errors
     /// [`Rejection`] (400): the id is required and missing (`missing-key`), or an id
-    /// or tenant is there but unusable (`invalid-key`).
+    /// is there but unusable (`invalid-key`), or a tenant is (`invalid-scope`).
     pub fn identify(
         &self,
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Option<DeliveryId>, Rejection> {
         let input = Input::new(headers, body);
-        let Some(key) = self.key.extract_in(&input)? else {
-            return if self.key_required {
-                Err(Rejection::missing_key(&ExtractKey::describe(&self.key)))
-            } else {
-                Ok(None)
-            };
+        let found = self.key.extract_in(&input)?;
+        let Some(key) = self.requirement().apply(found, &self.key)? else {
+            return Ok(None);
         };
         let scope = self.scope_in(&input)?;
         Ok(Some(DeliveryId { scope, key }))
@@ -246,7 +252,7 @@ impl Preset {
     /// The scope of a delivery (see [`DeliveryId::scope`]).
     ///
     /// # Errors
-    /// [`Rejection`] when the tenant is there but unusable.
+    /// [`Rejection`] (`invalid-scope`) when the tenant is there but unusable.
     pub fn scope_of(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, Rejection> {
         self.scope_in(&Input::new(headers, body))
     }
@@ -290,11 +296,7 @@ impl Preset {
         IdempotencyLayer::new(engine)
             .key(self.clone())
             .scope(self.clone())
-            .require(if self.key_required {
-                KeyRequirement::Required
-            } else {
-                KeyRequirement::Optional
-            })
+            .require(self.requirement())
             .fingerprinter(Fingerprinter::new().without_body())
             .policy(OutcomePolicy::success_only())
             .retention(self.retention())
