@@ -218,11 +218,14 @@ async fn first_request_runs_once_and_retries_get_a_byte_exact_replay() {
 
 #[tokio::test]
 async fn same_key_different_request_is_422_or_400_in_stripe_mode() {
-    for (builder, expected) in [
-        (engine(MemoryStore::new()), 422),
-        (engine(MemoryStore::new()).stripe_compatible(), 400),
+    for (layer, expected) in [
+        (IdempotencyLayer::new(Engine::new(MemoryStore::new())), 422),
+        (
+            IdempotencyLayer::new(Engine::new(MemoryStore::new())).stripe_compatible(),
+            400,
+        ),
     ] {
-        let (server, ctx) = start(IdempotencyLayer::new(builder.build())).await;
+        let (server, ctx) = start(layer).await;
         let client = http();
         let url = server.url("/echo");
         assert_eq!(

@@ -8,6 +8,11 @@ use http::{HeaderValue, StatusCode};
 /// The media type of problem responses.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The status of `key-reused` in Stripe's API, and so in the verifier's Stripe-compatible
+/// mode: `400` rather than the default `422`. A client reads the problem `type` of a
+/// `400` to tell the two apart.
+pub const KEY_REUSED_STRIPE_STATUS: StatusCode = StatusCode::BAD_REQUEST;
+
 /// The prefix of every problem `type` this crate sends; the case name follows it
 /// (`urn:idemkey:problem:key-reused`).
 pub const TYPE_PREFIX: &str = "urn:idemkey:problem:";

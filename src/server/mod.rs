@@ -4,14 +4,15 @@
 //!
 //! - [`IdempotencyLayer`], a `tower` layer for axum, hyper and any tower stack;
 //! - [`Engine::once`], a function-level API for queue consumers and jobs;
-//! - [`Engine::begin`], the framework-free engine for anything else.
+//! - [`Engine::claim`], the framework-free engine for anything else: it answers in its
+//!   own terms ([`Claimed`]), which the layer turns into HTTP answers.
 //!
 //! # Behaviour
 //!
 //! What the verifier answers in each situation is the wire protocol's
 //! [behaviour table](crate::protocol#behaviour): written once, there. The
 //! [`OutcomePolicy`] decides which handler responses are kept;
-//! [`EngineBuilder::stripe_compatible`] answers a reused key with 400 instead of 422;
+//! [`IdempotencyLayer::stripe_compatible`] answers a reused key with 400 instead of 422;
 //! [`EngineBuilder::fail_open`] runs the handler unguarded when the store fails. Problems
 //! are [`Problem`](crate::protocol::Problem)s, sent by a [`Rejection`].
 //!
@@ -81,11 +82,12 @@ mod once;
 mod policy;
 pub(crate) mod record;
 mod rejection;
+mod stored_response;
 pub mod webhook;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use engine::{
-    Begin, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
+    ClaimError, Claimed, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
     DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder, Execution,
 };
 pub use extract::{
@@ -95,6 +97,6 @@ pub use layer::{
     DEFAULT_BODY_LIMIT, DEFAULT_STORED_RESPONSE_LIMIT, Idempotency, IdempotencyLayer,
     KeyRequirement, ResponseFuture,
 };
-pub use once::{Once, OnceError};
+pub use once::{OnceError, Settled};
 pub use policy::{Outcome, OutcomePolicy};
 pub use rejection::Rejection;
