@@ -126,7 +126,7 @@ impl Checks {
         // raw key bytes, as Stripe and GitHub use theirs.
         let standard = StandardWebhooksVerifier::new(secret)
             .unwrap_or_else(|_| StandardWebhooksVerifier::from_key_bytes(secret.as_bytes()))
-            .with_tolerance(TOLERANCE);
+            .tolerance(TOLERANCE);
         Self {
             stripe: Check::Stripe(Arc::from(secret.as_bytes())),
             github: Check::GitHub(Arc::from(secret.as_bytes())),

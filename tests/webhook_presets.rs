@@ -249,26 +249,26 @@ fn retention_defaults_and_floors() {
     assert_eq!(names.len(), all.len(), "preset names are unique scopes");
     for p in &all {
         assert_eq!(
-            p.retention(),
-            DEFAULT_WEBHOOK_RETENTION.max(p.retention_floor()),
+            p.effective_retention(),
+            DEFAULT_WEBHOOK_RETENTION.max(p.min_retention()),
             "{}",
             p.name()
         );
         assert_eq!(
-            p.clone().with_retention(Duration::ZERO).retention(),
-            p.retention_floor(),
+            p.clone().retention(Duration::ZERO).effective_retention(),
+            p.min_retention(),
             "{}",
             p.name()
         );
         assert!(!p.name().contains('/'), "{}", p.name());
     }
     assert_eq!(DEFAULT_WEBHOOK_RETENTION, 7 * DAY);
-    assert_eq!(Preset::stripe().retention_floor(), 3 * DAY);
-    assert_eq!(Preset::paypal().retention_floor(), 3 * DAY);
-    assert_eq!(Preset::paddle().retention_floor(), 3 * DAY);
-    assert_eq!(Preset::github().retention_floor(), 3 * DAY);
+    assert_eq!(Preset::stripe().min_retention(), 3 * DAY);
+    assert_eq!(Preset::paypal().min_retention(), 3 * DAY);
+    assert_eq!(Preset::paddle().min_retention(), 3 * DAY);
+    assert_eq!(Preset::github().min_retention(), 3 * DAY);
     assert_eq!(
-        Preset::stripe().with_retention(30 * DAY).retention(),
+        Preset::stripe().retention(30 * DAY).effective_retention(),
         30 * DAY,
         "longer is kept"
     );
@@ -306,7 +306,7 @@ async fn a_shorter_retention_is_raised_to_the_senders_retry_window() {
     let runs = Arc::new(AtomicU64::new(0));
     // Configured for one hour; Stripe retries for three days.
     let app = app(
-        Preset::stripe().with_retention(Duration::from_secs(3600)),
+        Preset::stripe().retention(Duration::from_secs(3600)),
         runs.clone(),
     );
     let evt = r#"{"id":"evt_floor","object":"event"}"#;

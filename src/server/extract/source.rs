@@ -558,7 +558,7 @@ mod tests {
     #[test]
     fn header_extractors_and_sources_read_headers_alike() {
         use crate::protocol::Problem;
-        use crate::server::{HeaderKey, HeaderScope};
+        use crate::server::extract::{HeaderKey, HeaderScope};
         let name = HeaderName::from_static("x-id");
         let cases: [&[&[u8]]; 10] = [
             &[],

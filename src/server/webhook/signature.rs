@@ -20,7 +20,7 @@ const SECRET_PREFIX: &str = "whsec_";
 /// HMAC-SHA256 over `{webhook-id}.{webhook-timestamp}.{body}`, base64-encoded, sent as
 /// one or more space-separated `v1,<signature>` entries in `webhook-signature` (several
 /// while the sender rotates its secret; any one that matches is enough). Svix sends the
-/// same scheme under `svix-*` header names ([`StandardWebhooksVerifier::with_svix_headers`]).
+/// same scheme under `svix-*` header names ([`StandardWebhooksVerifier::svix_headers`]).
 ///
 /// The timestamp must be within the tolerance of now (default 5 minutes either way), so
 /// a captured delivery cannot be replayed later.
@@ -98,7 +98,7 @@ impl StandardWebhooksVerifier {
 
     /// Reads Svix's header names: `svix-id`, `svix-timestamp`, `svix-signature`.
     #[must_use]
-    pub fn with_svix_headers(mut self) -> Self {
+    pub fn svix_headers(mut self) -> Self {
         self.id = HeaderName::from_static("svix-id");
         self.timestamp = HeaderName::from_static("svix-timestamp");
         self.signature = HeaderName::from_static("svix-signature");
@@ -107,7 +107,7 @@ impl StandardWebhooksVerifier {
 
     /// How far the timestamp may be from now, either way (default 5 minutes).
     #[must_use]
-    pub fn with_tolerance(mut self, tolerance: Duration) -> Self {
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
         self
     }
@@ -359,7 +359,7 @@ mod tests {
     fn timestamp_tolerance_both_ways_and_no_overflow() {
         let v = StandardWebhooksVerifier::new(SECRET)
             .expect("valid secret")
-            .with_tolerance(Duration::from_secs(300));
+            .tolerance(Duration::from_secs(300));
         let h = v.sign_headers(ID, 1_000_000, BODY).expect("signs");
         v.verify_at(&h, BODY, at(1_000_300)).expect("at the edge");
         v.verify_at(&h, BODY, at(999_700))
@@ -410,7 +410,7 @@ mod tests {
     fn svix_headers_and_secrets() {
         let v = StandardWebhooksVerifier::new("C2FVsBQIhrscChlQIMV+b5sSYspob7oD")
             .expect("the prefix is optional")
-            .with_svix_headers();
+            .svix_headers();
         let h = v.sign_headers(ID, 1_000_000, BODY).expect("signs");
         assert!(h.contains_key("svix-signature"));
         v.verify_at(&h, BODY, at(1_000_000)).expect("verifies");
