@@ -42,6 +42,7 @@ macro_rules! problems {
         /// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
         /// | `scope-rejected` | chosen by the scope extractor (401 by default) | no |
         /// | `invalid-scope` | 400 | no |
+        /// | `signature-rejected` | 401 | no (a webhook delivery whose signature does not verify) |
         /// | `response-failed` | 500 | yes, but its response body failed; the key was released |
         ///
         /// ```
@@ -113,6 +114,9 @@ problems! {
     /// The scope is malformed: its header was sent twice or empty, or its JSON field is
     /// not a string or number.
     InvalidScope = "invalid-scope", BAD_REQUEST, "Request scope malformed";
+    /// A webhook delivery's signature is missing, malformed, stale or wrong; checked
+    /// before the store is asked.
+    SignatureRejected = "signature-rejected", UNAUTHORIZED, "Webhook signature rejected";
     /// The handler ran, but its response body failed; the key was released.
     ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response body failed";
 }

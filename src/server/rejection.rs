@@ -158,6 +158,14 @@ impl Rejection {
         Self::of(Problem::InvalidScope, why.to_string())
     }
 
+    /// 401 `signature-rejected`: a webhook delivery's signature does not verify
+    /// (missing, malformed, stale, or made with another secret). A
+    /// [`SignatureError`](super::webhook::SignatureError) converts into it.
+    #[must_use]
+    pub fn signature_rejected(why: impl fmt::Display) -> Self {
+        Self::of(Problem::SignatureRejected, why.to_string())
+    }
+
     /// 500 `response-failed`: the handler ran but its response body failed while it
     /// was read; the key was released so that a retry executes again.
     #[must_use]

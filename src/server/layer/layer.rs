@@ -88,9 +88,10 @@ pub(super) struct Config {
 /// 6. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
 ///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
 ///
-/// The inner service receives [`RequestBody`] (the buffered bytes, or the untouched body
-/// where the layer stepped aside) and the caller receives [`ResponseBody`]. Both
-/// implement `http_body::Body`, so the layer fits axum and plain hyper/tower alike.
+/// The inner service receives [`RequestBody`](crate::server::RequestBody) (the buffered
+/// bytes, or the untouched body where the layer stepped aside) and the caller receives
+/// [`ResponseBody`](crate::server::ResponseBody). Both implement `http_body::Body`, so
+/// the layer fits axum and plain hyper/tower alike.
 ///
 /// ```
 /// use axum::{Router, routing::post};

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use super::preset::DEFAULT_WEBHOOK_RETENTION;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+use crate::protocol::Problem;
 use crate::server::engine::{ClaimError, Claimed, Engine};
 use crate::server::extract::KeySource;
 use crate::server::rejection::Rejection;
@@ -385,9 +386,10 @@ impl<E> BatchError<E> {
     /// (the sender retries; completed items are skipped then).
     #[must_use]
     pub fn status(&self) -> StatusCode {
-        match self.kind {
-            ErrorKind::NotArray(_) | ErrorKind::InvalidItem { .. } => StatusCode::BAD_REQUEST,
-            ErrorKind::Claim(_) | ErrorKind::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        match &self.kind {
+            ErrorKind::NotArray(_) => StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidItem { source, .. } => source.status(),
+            ErrorKind::Claim(_) | ErrorKind::Store(_) => Problem::StoreUnavailable.default_status(),
             ErrorKind::Handler { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

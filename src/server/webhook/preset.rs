@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
 
+use super::signature::{SVIX_ID, WEBHOOK_ID};
 use crate::fingerprint::Fingerprinter;
 use crate::key::IdempotencyKey;
 use crate::server::engine::Engine;
@@ -311,7 +312,7 @@ impl Preset {
     /// specification leaves the retry schedule to the sender.
     #[must_use]
     pub fn standard_webhooks() -> Self {
-        Self::new("standard-webhooks", KeySource::header(header("webhook-id")))
+        Self::new("standard-webhooks", KeySource::header(WEBHOOK_ID))
     }
 
     /// Svix: the `svix-id` header (Standard Webhooks with Svix's header names).
@@ -321,7 +322,7 @@ impl Preset {
     /// hours: immediately, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h). Floor: 2 days.
     #[must_use]
     pub fn svix() -> Self {
-        Self::new("svix", KeySource::header(header("svix-id"))).retention_floor(2 * DAY)
+        Self::new("svix", KeySource::header(SVIX_ID)).retention_floor(2 * DAY)
     }
 
     /// Stripe: the event's `id` (`evt_...`) in the body, scoped by the connected

@@ -9,12 +9,21 @@ use hmac::{Hmac, KeyInit, Mac};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use sha2::Sha256;
 
+use crate::protocol::Problem;
+use crate::server::rejection::Rejection;
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// The tolerance the Standard Webhooks specification recommends: 5 minutes either way.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
 
 const SECRET_PREFIX: &str = "whsec_";
+
+/// The id header of a Standard Webhooks delivery (specification, "Webhook headers"):
+/// what the signature covers first, and what the preset keys deliveries by.
+pub(super) const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+/// Svix's name for [`WEBHOOK_ID`].
+pub(super) const SVIX_ID: HeaderName = HeaderName::from_static("svix-id");
 
 /// Verifies (and makes) [Standard Webhooks](https://www.standardwebhooks.com/) signatures:
 /// HMAC-SHA256 over `{webhook-id}.{webhook-timestamp}.{body}`, base64-encoded, sent as
@@ -90,7 +99,7 @@ impl StandardWebhooksVerifier {
         Self {
             key: key.into(),
             tolerance: DEFAULT_TOLERANCE,
-            id: HeaderName::from_static("webhook-id"),
+            id: WEBHOOK_ID,
             timestamp: HeaderName::from_static("webhook-timestamp"),
             signature: HeaderName::from_static("webhook-signature"),
         }
@@ -99,7 +108,7 @@ impl StandardWebhooksVerifier {
     /// Reads Svix's header names: `svix-id`, `svix-timestamp`, `svix-signature`.
     #[must_use]
     pub fn svix_headers(mut self) -> Self {
-        self.id = HeaderName::from_static("svix-id");
+        self.id = SVIX_ID;
         self.timestamp = HeaderName::from_static("svix-timestamp");
         self.signature = HeaderName::from_static("svix-signature");
         self
@@ -301,10 +310,18 @@ impl SignatureError {
         matches!(self.kind, Kind::Mismatch)
     }
 
-    /// The status to answer a delivery with: `401 Unauthorized`.
+    /// The status to answer a delivery with: `401 Unauthorized`, the status of the
+    /// `signature-rejected` problem this error converts into.
     #[must_use]
     pub fn status(&self) -> StatusCode {
-        StatusCode::UNAUTHORIZED
+        Problem::SignatureRejected.default_status()
+    }
+}
+
+/// The `401 signature-rejected` answer to a delivery, with this error as its detail.
+impl From<SignatureError> for Rejection {
+    fn from(e: SignatureError) -> Self {
+        Rejection::signature_rejected(e)
     }
 }
 
