@@ -19,12 +19,7 @@ pub(crate) fn key(
     headers: &HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<IdempotencyKey>, Rejection> {
-    let Some(value) = single(headers, name).map_err(|Repeated| {
-        Rejection::invalid_key(format_args!(
-            "the `{name}` header was sent more than once; send exactly one key"
-        ))
-    })?
-    else {
+    let Some(value) = single(headers, name, Rejection::invalid_key, "exactly one key")? else {
         return Ok(None);
     };
     IdempotencyKey::from_header_value(value)
@@ -42,12 +37,7 @@ pub(crate) fn scope<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<Cow<'h, str>>, Rejection> {
-    let Some(value) = single(headers, name).map_err(|Repeated| {
-        Rejection::invalid_scope(format_args!(
-            "the `{name}` header was sent more than once; send it once"
-        ))
-    })?
-    else {
+    let Some(value) = single(headers, name, Rejection::invalid_scope, "it once")? else {
         return Ok(None);
     };
     let bytes = trim(value.as_bytes());
@@ -64,17 +54,20 @@ pub(crate) fn scope<'h>(
     }))
 }
 
-struct Repeated;
-
+/// The one value of header `name`, if it is there; sent more than once, it is refused
+/// with `reject`, asking for `wanted`.
 fn single<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
-) -> Result<Option<&'h HeaderValue>, Repeated> {
+    reject: impl FnOnce(String) -> Rejection,
+    wanted: &str,
+) -> Result<Option<&'h HeaderValue>, Rejection> {
     let mut values = headers.get_all(name).iter();
     match (values.next(), values.next()) {
-        (Some(_), Some(_)) => Err(Repeated),
-        (first, None) => Ok(first),
-        (None, Some(_)) => Ok(None),
+        (Some(_), Some(_)) => Err(reject(format!(
+            "the `{name}` header was sent more than once; send {wanted}"
+        ))),
+        (first, _) => Ok(first),
     }
 }
 
