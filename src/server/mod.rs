@@ -76,6 +76,7 @@
 
 mod body;
 mod engine;
+mod execution;
 mod extract;
 mod layer;
 mod once;
@@ -88,8 +89,9 @@ pub mod webhook;
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use engine::{
     ClaimError, Claimed, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
-    DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder, Execution,
+    DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder,
 };
+pub use execution::Execution;
 pub use extract::{
     ExtractKey, ExtractScope, HeaderKey, HeaderScope, KeySource, ScopeSource, Unscoped,
 };
