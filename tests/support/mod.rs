@@ -314,15 +314,26 @@ pub async fn postgres_store(table: &str) -> idemkey::store::PostgresStore {
     store
 }
 
+/// A connection pool of its own to the shared PostgreSQL, for raw SQL in tests (the
+/// store keeps its pool private).
+#[cfg(feature = "postgres")]
+pub async fn postgres_admin(url: &str) -> sqlx::PgPool {
+    sqlx::PgPool::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {url} must be reachable: {e}"))
+}
+
 /// Drops a test table made by [`postgres_store`].
 #[cfg(feature = "postgres")]
-pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &str) {
+pub async fn drop_postgres_table(table: &str) {
+    let admin = postgres_admin(&postgres_url()).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS \"{table}\""
     )))
-    .execute(store.pool())
+    .execute(&admin)
     .await
     .expect("drop the test table");
+    admin.close().await;
 }
 
 #[cfg(feature = "test-util")]
