@@ -338,12 +338,6 @@ CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;
             .map_err(err)?;
         tx.commit().await.map_err(err)
     }
-
-    /// The connection pool, for health checks and administration.
-    #[must_use]
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
 }
 
 /// A duration in whole microseconds, "forever" held to 100 years.

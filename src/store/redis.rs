@@ -387,8 +387,7 @@ impl RedisStore {
 
     /// The Redis key of a record: prefix, then the id hash-tagged for Redis Cluster
     /// (the layout of the [module docs](self)).
-    #[must_use]
-    pub fn key(&self, id: &RecordId) -> String {
+    fn key(&self, id: &RecordId) -> String {
         format!("{}{{{}}}", self.prefix, id.to_hex())
     }
 

@@ -252,12 +252,6 @@ impl SqliteStore {
         self.readers.close().await;
         self.writer.close().await;
     }
-
-    /// The writing connection's pool, for administration.
-    #[must_use]
-    pub fn pool(&self) -> &SqlitePool {
-        &self.writer
-    }
 }
 
 /// This machine's wall clock in milliseconds since the Unix epoch.
