@@ -373,19 +373,15 @@ async fn upgrades_in_place(schema: Option<&str>) {
         .execute(&admin)
         .await
         .expect("create a table of the previous schema");
-    let (done, running, owner) = (
-        RecordId::new("old", "done"),
-        RecordId::new("old", "running"),
-        FencingToken::random(),
-    );
+    let rows = support::PreviousRows::new();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {quoted} (id, fingerprint, token, payload, expires_at) VALUES
   ($1, 'fp', NULL, 'old payload', now() + interval '1 hour'),
   ($2, 'fp', $3, NULL, now() + interval '1 hour')"
     )))
-    .bind(done.as_bytes().as_slice())
-    .bind(running.as_bytes().as_slice())
-    .bind(owner.to_bytes().as_slice())
+    .bind(rows.done.as_bytes().as_slice())
+    .bind(rows.running.as_bytes().as_slice())
+    .bind(rows.owner.to_bytes().as_slice())
     .execute(&admin)
     .await
     .expect("rows of the previous version");
@@ -397,46 +393,7 @@ async fn upgrades_in_place(schema: Option<&str>) {
         .expect("connect");
     let upgrading = std::time::SystemTime::now();
     store.migrate().await.expect("migrate upgrades the table");
-    let claim = |id: RecordId| {
-        let store = store.clone();
-        async move {
-            store
-                .claim(ClaimRequest {
-                    id: &id,
-                    fingerprint: b"new",
-                    token: FencingToken::random(),
-                    lease: Duration::from_secs(60),
-                    retention: Duration::from_secs(60),
-                })
-                .await
-                .expect("claim")
-        }
-    };
-    assert_eq!(
-        claim(done).await,
-        Claim::Completed {
-            fingerprint: "fp".into(),
-            payload: "old payload".into()
-        },
-        "a completed record of the previous version is replayed"
-    );
-    let info = store
-        .inspect(&running)
-        .await
-        .expect("inspect")
-        .expect("the running record of the previous version");
-    let skew = Duration::from_secs(5);
-    assert!(
-        info.created + skew >= upgrading && info.created <= std::time::SystemTime::now() + skew,
-        "a row of the previous version shows the time of the upgrade as created"
-    );
-    let listed = store.list_in_progress(10).await.expect("list_in_progress");
-    assert_eq!(listed.iter().map(|r| r.id).collect::<Vec<_>>(), [running]);
-    store
-        .complete(&running, owner, "late".into(), Duration::from_secs(60))
-        .await
-        .expect("the owner of a claim of the previous version completes it");
-    assert!(matches!(claim(running).await, Claim::Completed { .. }));
+    rows.expect_upgraded(&store, upgrading).await;
 
     conformance::run(|| {
         let store = store.clone();

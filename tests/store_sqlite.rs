@@ -182,11 +182,7 @@ async fn sweep_deletes_expired_rows_and_names_are_checked() {
 async fn opening_upgrades_a_table_of_the_previous_schema() {
     let dir = support::TempDir::new("idemkey-sqlite");
     let path = dir.path().join("old.db");
-    let (done, running, owner) = (
-        RecordId::new("old", "done"),
-        RecordId::new("old", "running"),
-        FencingToken::random(),
-    );
+    let rows = support::PreviousRows::new();
     let later = i64::try_from(
         (std::time::SystemTime::now() + LONG)
             .duration_since(std::time::UNIX_EPOCH)
@@ -220,9 +216,9 @@ CREATE INDEX \"idemkey_records_expires_at\" ON \"idemkey_records\" (expires_at);
             "INSERT INTO idemkey_records (id, fingerprint, token, payload, expires_at) VALUES
   ($1, x'6670', NULL, 'old payload', $4), ($2, x'6670', $3, NULL, $4)",
         )
-        .bind(done.as_bytes().to_vec())
-        .bind(running.as_bytes().to_vec())
-        .bind(owner.to_bytes().to_vec())
+        .bind(rows.done.as_bytes().to_vec())
+        .bind(rows.running.as_bytes().to_vec())
+        .bind(rows.owner.to_bytes().to_vec())
         .bind(later)
         .execute(&old)
         .await
@@ -233,28 +229,12 @@ CREATE INDEX \"idemkey_records_expires_at\" ON \"idemkey_records\" (expires_at);
     let store = SqliteStore::open(&path)
         .await
         .expect("open upgrades the table");
-    expect_completed(&store, &done, "old payload").await;
-    let info = store
-        .inspect(&running)
-        .await
-        .expect("inspect")
-        .expect("the running record of the previous version");
-    let skew = Duration::from_secs(5);
-    assert!(
-        info.created + skew >= upgrading && info.created <= std::time::SystemTime::now() + skew,
-        "a row of the previous version shows the time of the upgrade as created"
-    );
-    let listed = store.list_in_progress(10).await.expect("list_in_progress");
-    assert_eq!(listed.iter().map(|r| r.id).collect::<Vec<_>>(), [running]);
-    store
-        .complete(&running, owner, "late".into(), LONG)
-        .await
-        .expect("the owner of a claim of the previous version completes it");
+    rows.expect_upgraded(&store, upgrading).await;
     store.close().await;
 
     // Opening the upgraded file again changes nothing.
     let store = SqliteStore::open(&path).await.expect("reopen");
-    expect_completed(&store, &running, "late").await;
+    expect_completed(&store, &rows.running, "late").await;
     conformance::run(|| {
         let store = store.clone();
         async move { store }
