@@ -273,6 +273,8 @@ enum Seen {
     Skipped,
 }
 
+/// Also how long an abandoned claim is kept past its lease: its owner may complete or
+/// release it until then, unless another claim took it over (store contract rule 3).
 const RETENTION: u64 = 20;
 
 proptest! {
@@ -335,7 +337,7 @@ proptest! {
                     Op::Complete { exec, payload } => {
                         let (k, e) = &mut execs[exec];
                         let e = e.take().expect("checked above");
-                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until > now);
+                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until + RETENTION > now);
                         let want = if owns { Seen::Ok } else { Seen::Fenced };
                         let got = match e.complete(Bytes::from(vec![payload])).await {
                             Ok(()) => Seen::Ok,
@@ -351,7 +353,7 @@ proptest! {
                     Op::Release { exec } => {
                         let (k, e) = &mut execs[exec];
                         let e = e.take().expect("checked above");
-                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until > now);
+                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until + RETENTION > now);
                         let want = if owns { Seen::Ok } else { Seen::Fenced };
                         let got = match e.release().await {
                             Ok(()) => Seen::Ok,

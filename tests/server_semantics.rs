@@ -552,6 +552,7 @@ async fn lease_takeover_after_a_crashed_owner_and_its_completion_is_fenced() {
             fingerprint: fp.as_bytes(),
             token: dead,
             lease: Duration::from_millis(200),
+            retention: Duration::ZERO,
         })
         .await
         .expect("claim");

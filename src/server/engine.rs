@@ -306,6 +306,7 @@ impl Engine {
                 fingerprint,
                 token,
                 lease: self.cfg.lease,
+                retention: self.cfg.retention,
             })
             .await;
         Ok(match claim {
