@@ -96,7 +96,7 @@ fn bench_delivery(c: &mut Criterion) {
         .expect("runtime");
     let route = || Router::new().route("/webhooks/stripe", post(|| async { "ok" }));
     let bare = route();
-    let guarded = route().layer(Preset::stripe().layer(Engine::new(MemoryStore::new())));
+    let guarded = route().route_layer(Preset::stripe().layer(Engine::new(MemoryStore::new())));
     let small = String::from_utf8(stripe_event(1)).expect("UTF-8");
     let fresh = AtomicU64::new(0);
     let mut g = c.benchmark_group("Stripe delivery through the router (619 bytes)");

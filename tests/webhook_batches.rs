@@ -1,5 +1,6 @@
 //! The batch deduper on the real memory store: lease renewal while a handler runs,
-//! release on cancellation, items without ids, invalid items.
+//! release on cancellation, items without ids, invalid items, items inside an envelope,
+//! retention floors.
 
 mod support;
 
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkey::server::webhook::{BatchDeduper, KeySource};
-use idemkey::store::MemoryStore;
+use idemkey::store::{MemoryStore, RecordId, Store};
 use support::gate::Gate;
 
 fn batch(ids: &[&str]) -> Bytes {
@@ -113,13 +114,131 @@ async fn items_without_ids_always_run_and_invalid_items_are_refused() {
     assert_eq!((o.processed(), o.without_id(), o.duplicates()), (1, 1, 1));
     let o = dedup.process(&body, ok).await.expect("processed");
     assert_eq!((o.processed(), o.without_id(), o.duplicates()), (0, 1, 2));
+    // Every item is identified before any is claimed: one unusable id refuses the whole
+    // batch, and item 0 is not run (a retry of the same bytes could not succeed).
     let bad = Bytes::from_static(br#"[{"id":"b"},{"id":{"nested":1}}]"#);
+    let runs = AtomicU64::new(0);
     let e = dedup
-        .process(&bad, ok)
+        .process(&bad, |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(()) }
+        })
         .await
         .expect_err("an object is not an id");
     assert!(e.is_invalid_batch());
     assert_eq!(e.item_index(), Some(1));
-    assert_eq!(e.outcome().processed(), 1, "item 0 was done before");
+    assert_eq!(
+        (e.outcome().processed(), runs.load(Ordering::SeqCst)),
+        (0, 0)
+    );
     assert_eq!(e.status(), http::StatusCode::BAD_REQUEST);
+    let fixed = Bytes::from_static(br#"[{"id":"b"}]"#);
+    let o = dedup.process(&fixed, ok).await.expect("processed");
+    assert_eq!(o.processed(), 1, "item `b` was never recorded");
+}
+
+/// Items inside an envelope (Adyen's `notificationItems[].NotificationRequestItem`):
+/// found by pointer, handed to the handler without the wrapper, and refused clearly when
+/// they are not there.
+#[tokio::test]
+async fn items_found_by_pointer_and_answers_for_each_case() {
+    let dedup = BatchDeduper::new(MemoryStore::new(), KeySource::json_pointer("/id"))
+        .items_at("/events")
+        .item_at("/event")
+        .acknowledge_with(Bytes::from_static(b"thanks"));
+    let body = Bytes::from_static(br#"{"events":[{"event":{"id":"a"}},{"event":{"id":"b"}}]}"#);
+    let seen = std::sync::Mutex::new(Vec::new());
+    let o = dedup
+        .process(&body, |item| {
+            seen.lock().expect("not poisoned").push(item.json().clone());
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await;
+    assert_eq!(
+        *seen.lock().expect("not poisoned"),
+        [
+            Bytes::from_static(br#"{"id":"a"}"#),
+            Bytes::from_static(br#"{"id":"b"}"#)
+        ]
+    );
+    let resp = dedup.respond(o);
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    let answer = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("full body")
+        .to_bytes();
+    assert_eq!(&answer[..], b"thanks");
+
+    for (bad, why) in [
+        (&br#"{"other":[]}"#[..], "no array of items at `/events`"),
+        (br#"{"events":{}}"#, "not a batch"),
+        (br#"{"events":[{"wrapped":{}}]}"#, "no item at `/event`"),
+        (b"not json", "not JSON"),
+    ] {
+        let e = dedup
+            .process(&Bytes::copy_from_slice(bad), ok)
+            .await
+            .expect_err("refused");
+        assert!(e.is_invalid_batch() && e.to_string().contains(why), "{e}");
+        let resp = dedup.respond::<std::io::Error>(Err(e));
+        assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    }
+}
+
+#[tokio::test]
+async fn adyen_keeps_items_31_days_at_least() {
+    let floor = Duration::from_secs(31 * 24 * 3600);
+    let store = std::sync::Arc::new(MemoryStore::new());
+    // Asked to keep items an hour: raised to Adyen's retry window and a day.
+    let adyen = BatchDeduper::adyen(store.clone()).retention(Duration::from_secs(3600));
+    assert_eq!(
+        (adyen.min_retention(), adyen.effective_retention()),
+        (floor, floor)
+    );
+    let body = Bytes::from_static(
+        br#"{"live":"false","notificationItems":[{"NotificationRequestItem":{"eventCode":"AUTHORISATION","merchantAccountCode":"M","pspReference":"7914073381342284","success":"true"}}]}"#,
+    );
+    let key = std::sync::Mutex::new(None);
+    dedup_once(&adyen, &body, &key).await;
+    let key = key
+        .lock()
+        .expect("not poisoned")
+        .clone()
+        .expect("the item has an id");
+    let record = store
+        .inspect(&RecordId::new("webhook:adyen", key.as_str()))
+        .await
+        .expect("inspect")
+        .expect("the item is recorded");
+    // Kept from its completion (just after its claim) for the floor, not the hour asked.
+    let kept = record
+        .expires
+        .duration_since(record.created)
+        .expect("expires later");
+    assert!(
+        kept >= floor && kept < floor + Duration::from_secs(3600),
+        "{kept:?}"
+    );
+    let long = adyen.retention(2 * floor);
+    assert_eq!(long.effective_retention(), 2 * floor, "longer is kept");
+    assert_eq!(
+        BatchDeduper::sendgrid(MemoryStore::new()).effective_retention(),
+        idemkey::server::webhook::DEFAULT_WEBHOOK_RETENTION
+    );
+}
+
+async fn dedup_once(
+    dedup: &BatchDeduper,
+    body: &Bytes,
+    key: &std::sync::Mutex<Option<idemkey::IdempotencyKey>>,
+) {
+    let o = dedup
+        .process(body, |item| {
+            *key.lock().expect("not poisoned") = item.key().cloned();
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .await
+        .expect("processed");
+    assert_eq!(o.processed(), 1);
 }

@@ -243,6 +243,143 @@ fn body_id_presets() {
 }
 
 #[test]
+fn didit_event_id_else_the_fact_scoped_by_application() {
+    let p = Preset::didit();
+    let h = HeaderMap::new();
+    // A payload of Didit's server (didit-protocol/plugin-wordpress fixtures).
+    let current = r#"{"application_id":"11111111-2222-3333-4444-555555555555","created_at":1774969994,"environment":"live","event_id":"9c0c8b8a-1111-4222-9333-444444444444","session_id":"aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee","status":"Declined","timestamp":1774970000,"webhook_type":"status.updated"}"#;
+    assert_eq!(
+        id(&p, &h, current),
+        (
+            "9c0c8b8a-1111-4222-9333-444444444444".into(),
+            "webhook:didit/11111111-2222-3333-4444-555555555555".into()
+        )
+    );
+    // A resend refreshes `timestamp` (and the signatures): same id.
+    let resent = current.replace("1774970000", "1774979999");
+    assert_eq!(id(&p, &h, &resent), id(&p, &h, current));
+    // An older payload without `event_id` or `application_id`: the fact, in the base scope.
+    let legacy = |status: &str, decision: &str| {
+        format!(
+            r#"{{"session_id":"s-1","status":"{status}","webhook_type":"status.updated","timestamp":1627680000,"vendor_data":"user-123"{decision}}}"#
+        )
+    };
+    let approved = legacy(
+        "Approved",
+        r#","decision":{"status":"Approved","kyc":{"first_name":"Jose"}}"#,
+    );
+    let (key, scope) = id(&p, &h, &approved);
+    assert_eq!((key.len(), scope.as_str()), (64, "webhook:didit"));
+    // The decision's digest ignores key order and spacing...
+    let reordered = legacy(
+        "Approved",
+        r#", "decision": {"kyc": {"first_name": "Jose"}, "status": "Approved"}"#,
+    );
+    assert_eq!(id(&p, &h, &reordered).0, key);
+    // ...but not its content, its status or the event type.
+    let corrected = legacy(
+        "Approved",
+        r#","decision":{"status":"Approved","kyc":{"first_name":"José"}}"#,
+    );
+    let in_progress = legacy("In Progress", "");
+    let data_updated = approved.replace("status.updated", "data.updated");
+    let keys: HashSet<String> = [&approved, &corrected, &in_progress, &data_updated]
+        .into_iter()
+        .map(|b| id(&p, &h, b).0)
+        .collect();
+    assert_eq!(keys.len(), 4, "four facts");
+    assert_eq!(p.min_retention(), 2 * DAY);
+    let e = p
+        .identify(&h, br#"{"status":"Approved"}"#)
+        .expect_err("no id, no fact");
+    assert_eq!(e.problem_type(), "missing-key");
+}
+
+#[test]
+fn persona_onfido_sumsub_ids() {
+    let h = HeaderMap::new();
+    // Persona docs, "Webhooks": the example event.
+    let persona = r#"{"data":{"type":"event","id":"evt_XGuYWp7WuDzNxie5z16s7sGJ","attributes":{"name":"inquiry.approved","payload":{"data":{"type":"inquiry","id":"inq_2CVZ4HyVg7qaboXz2PUHknAn","attributes":{"status":"approved"}}},"created-at":"2019-09-09T22:46:23.000Z"}}}"#;
+    assert_eq!(
+        id(&Preset::persona(), &h, persona),
+        (
+            "evt_XGuYWp7WuDzNxie5z16s7sGJ".into(),
+            "webhook:persona".into()
+        )
+    );
+    // onfido-node's test events: no event id; a new action or status is a new fact.
+    let onfido = |action: &str, status: &str| {
+        format!(
+            r#"{{"payload":{{"resource_type":"check","action":"{action}","object":{{"id":"check-123","status":"{status}","completed_at_iso8601":"2020-01-01T00:00:00Z","href":"https://api.onfido.com/v3/checks/check-123"}}}}}}"#
+        )
+    };
+    let o = Preset::onfido();
+    let completed = id(&o, &h, &onfido("check.completed", "complete"));
+    assert_eq!(
+        completed,
+        id(&o, &h, &onfido("check.completed", "complete"))
+    );
+    assert_ne!(
+        completed,
+        id(&o, &h, &onfido("check.started", "in_progress"))
+    );
+    assert_ne!(
+        completed,
+        id(&o, &h, &onfido("check.completed", "withdrawn"))
+    );
+    let no_status = r#"{"payload":{"resource_type":"workflow_run","action":"workflow_run.completed","object":{"id":"wr-1","href":"x"}}}"#;
+    assert_eq!(id(&o, &h, no_status).1, "webhook:onfido");
+    // Sumsub docs, "User verification webhooks".
+    let sumsub = |correlation: Option<&str>, answer: &str| {
+        let c = correlation
+            .map(|c| format!(r#""correlationId":"{c}","#))
+            .unwrap_or_default();
+        format!(
+            r#"{{"applicantId":"5cb56e8e0a975a35f333cb83",{c}"type":"applicantReviewed","reviewResult":{{"reviewAnswer":"{answer}"}},"createdAtMs":"2026-01-01 10:00:00.000","sandboxMode":true}}"#
+        )
+    };
+    let s = Preset::sumsub();
+    let green = id(&s, &h, &sumsub(Some("req-1"), "GREEN"));
+    assert_ne!(green, id(&s, &h, &sumsub(Some("req-2"), "RED")));
+    let fallback = id(&s, &h, &sumsub(None, "GREEN"));
+    assert_ne!(fallback, green);
+    assert_eq!(fallback, id(&s, &h, &sumsub(None, "GREEN")));
+    assert_eq!(Preset::persona().min_retention(), DAY);
+    assert_eq!(Preset::sumsub().min_retention(), 2 * DAY);
+    assert_eq!(Preset::onfido().min_retention(), Duration::ZERO);
+}
+
+#[test]
+fn a_signed_preset_checks_the_signature_before_reading_the_id() {
+    use idemkey::server::webhook::HmacVerifier;
+    let token = "_ABC123abc123ABC123abc123ABC123_";
+    let signed = Preset::onfido().verifier(HmacVerifier::onfido(token));
+    assert!(signed.is_signed() && !Preset::onfido().is_signed());
+    assert!(
+        !format!("{signed:?}").contains(token),
+        "Debug hides the secret"
+    );
+    // onfido-node's vector.
+    let body = r#"{"payload":{"resource_type":"check","action":"check.completed","object":{"id":"check-123","status":"complete","completed_at_iso8601":"2020-01-01T00:00:00Z","href":"https://api.onfido.com/v3/checks/check-123"}}}"#;
+    let good = headers(&[(
+        "x-sha2-signature",
+        "a0082d7481f9f0a2907583dbe1f344d6d4c0d9989df2fd804f98479f60cd760e",
+    )]);
+    assert_eq!(
+        id(&signed, &good, body),
+        id(&Preset::onfido(), &HeaderMap::new(), body)
+    );
+    // A body without any id, unsigned: the signature is what is refused, not the id.
+    for h in [HeaderMap::new(), good] {
+        let e = signed.identify(&h, b"{}").expect_err("refused");
+        assert_eq!(
+            (e.status(), e.problem_type()),
+            (StatusCode::UNAUTHORIZED, "signature-rejected")
+        );
+    }
+}
+
+#[test]
 fn retention_defaults_and_floors() {
     let all = Preset::all();
     let names: HashSet<&str> = all.iter().map(Preset::name).collect();
@@ -298,7 +435,7 @@ fn app(preset: Preset, runs: Arc<AtomicU64>) -> Router {
                 }
             }),
         )
-        .layer(preset.layer(Engine::new(MemoryStore::new())))
+        .route_layer(preset.layer(Engine::new(MemoryStore::new())))
 }
 
 #[tokio::test(start_paused = true)]
@@ -434,7 +571,7 @@ async fn only_a_2xx_acknowledges_a_delivery() {
                 }
             }),
         )
-        .layer(Preset::stripe().layer(Engine::new(MemoryStore::new())));
+        .route_layer(Preset::stripe().layer(Engine::new(MemoryStore::new())));
     let evt = r#"{"id":"evt_404_then_ok","object":"event"}"#;
     let h = HeaderMap::new();
     assert_eq!(deliver(&app, evt, &h).await, (StatusCode::NOT_FOUND, false));

@@ -81,6 +81,8 @@ pub struct ScopeSource(Field);
 enum Field {
     Header(HeaderName),
     Pointer(Pointer),
+    /// The SHA-256 of the canonical JSON (RFC 8785) at a pointer, whatever its type.
+    Digest(Pointer),
     Constant(Arc<str>),
     FirstOf(Vec<Field>),
     Composite(Vec<Field>),
@@ -110,6 +112,26 @@ impl KeySource {
     #[must_use]
     pub fn json_pointer(pointer: &str) -> Self {
         Self(Field::Pointer(Pointer::new(pointer)))
+    }
+
+    /// The hex SHA-256 of the value at a JSON pointer, of any type (an object, an array,
+    /// a boolean), in its canonical form (RFC 8785: key order and whitespace do not
+    /// matter). For a part of a [`KeySource::composite`] that is a whole sub-document,
+    /// such as Didit's `decision`. `null` and an absent field count as missing.
+    ///
+    /// ```
+    /// use idemkey::server::webhook::KeySource;
+    /// let decision = KeySource::json_digest("/decision");
+    /// let headers = http::HeaderMap::new();
+    /// let a = decision.extract(&headers, br#"{"decision":{"status":"Approved","score":1}}"#)?;
+    /// let b = decision.extract(&headers, br#"{"decision":{ "score":1, "status":"Approved" }}"#)?;
+    /// assert_eq!(a, b);
+    /// assert_eq!(decision.extract(&headers, br#"{"decision":null}"#)?, None);
+    /// # Ok::<(), idemkey::server::Rejection>(())
+    /// ```
+    #[must_use]
+    pub fn json_digest(pointer: &str) -> Self {
+        Self(Field::Digest(Pointer::new(pointer)))
     }
 
     /// The first of `sources` that finds a value, in order.
@@ -356,6 +378,37 @@ impl Field {
                     ))),
                 }
             }
+            Field::Digest(p) => {
+                let doc = d.doc().map_err(|e| {
+                    role.reject(format_args!(
+                        "the body is not JSON ({e}), so JSON field `{}` cannot be read from it",
+                        p.as_str()
+                    ))
+                })?;
+                let Some(found) = p.find(doc) else {
+                    return Ok(None);
+                };
+                let canonical = serde_json::from_str::<serde_json::Value>(found.get())
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| match v {
+                        serde_json::Value::Null => Ok(None),
+                        v => serde_json_canonicalizer::to_vec(&v)
+                            .map(Some)
+                            .map_err(|e| e.to_string()),
+                    })
+                    .map_err(|e| {
+                        role.reject(format_args!(
+                            "JSON field `{}` cannot be put in canonical form ({e})",
+                            p.as_str()
+                        ))
+                    })?;
+                Ok(canonical.map(|bytes| {
+                    let mut h = Sha256::new();
+                    h.update(b"idemkey/webhook-json-digest/v1\0");
+                    h.update(&bytes);
+                    Value::Hashed(h.finalize().into())
+                }))
+            }
             Field::Constant(c) => Ok(Some(Value::Text(Cow::Owned(c.to_string())))),
             Field::FirstOf(fields) => {
                 for f in fields {
@@ -394,6 +447,7 @@ impl fmt::Display for Field {
         match self {
             Field::Header(name) => write!(f, "header `{name}`"),
             Field::Pointer(p) => write!(f, "JSON field `{}`", p.as_str()),
+            Field::Digest(p) => write!(f, "the digest of JSON field `{}`", p.as_str()),
             Field::Constant(c) => write!(f, "constant `{c}`"),
             Field::FirstOf(fields) => list(f, fields, " or "),
             Field::Composite(fields) => {

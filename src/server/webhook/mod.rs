@@ -13,49 +13,51 @@
 //!   constant), so that two tenants' ids never collide.
 //! - [`Preset`]: both, plus the retention and its floor, for each sender: Standard
 //!   Webhooks, Svix, Stripe, GitHub, Shopify, Slack, GitLab, Paddle, Square, PayPal,
-//!   Mailgun, Jira and the generic IETF `Idempotency-Key`. Each preset's rustdoc names
-//!   its source in the provider's documentation.
+//!   Mailgun, Jira, the identity-verification senders Didit, Persona, Onfido and
+//!   Sumsub, and the generic IETF `Idempotency-Key`. Each preset's rustdoc names its
+//!   source in the provider's documentation.
 //! - [`BatchDeduper`]: for senders that put many events in one delivery (SendGrid's
-//!   event arrays): keeps only the items not processed yet, and records them.
-//! - [`StandardWebhooksVerifier`]: Standard Webhooks (and Svix) signatures, checked
-//!   **before** deduplication so a forged delivery never reaches the store, and never
-//!   receives a replay of a genuine one.
+//!   event arrays, Adyen's notification items): keeps only the items not processed yet,
+//!   and records them.
+//! - [`VerifySignature`]: the one way a signature is checked, **before** deduplication,
+//!   so that a forged delivery never reaches the store and never receives a replay of a
+//!   genuine one. [`Preset::verifier`] runs it on each delivery,
+//!   [`BatchDeduper::item_verifier`] on each item; the senders' schemes come with the
+//!   crate: [`StandardWebhooksVerifier`] (Standard Webhooks, Svix), [`HmacVerifier`]
+//!   (GitHub, Stripe, Persona, Onfido, Sumsub, or any header HMAC of the body),
+//!   [`DiditVerifier`], [`AdyenHmacVerifier`].
 //!
 //! # Setup: signature first, then deduplication
 //!
 //! ```
-//! use std::sync::Arc;
-//! use axum::{Router, body::Body, extract::{Request, State}, middleware::{self, Next}};
-//! use axum::{response::{IntoResponse, Response}, routing::post};
-//! use idemkey::server::{Engine, Rejection};
-//! use idemkey::server::webhook::{Preset, StandardWebhooksVerifier};
+//! use axum::{Router, routing::post};
+//! use idemkey::server::Engine;
+//! use idemkey::server::webhook::{DiditVerifier, Preset, StandardWebhooksVerifier};
 //! use idemkey::store::MemoryStore;
 //!
-//! async fn verify(State(v): State<Arc<StandardWebhooksVerifier>>, req: Request, next: Next) -> Response {
-//!     let (parts, body) = req.into_parts();
-//!     let Ok(bytes) = axum::body::to_bytes(body, 2 << 20).await else {
-//!         return Rejection::body_too_large(2 << 20).into_response().into_response();
-//!     };
-//!     if let Err(e) = v.verify(&parts.headers, &bytes) {
-//!         // 401 signature-rejected, as a problem response.
-//!         return Rejection::from(e).into_response().into_response();
-//!     }
-//!     next.run(Request::from_parts(parts, Body::from(bytes))).await
-//! }
-//!
 //! # fn main() -> Result<(), idemkey::server::webhook::SignatureError> {
-//! let verifier = Arc::new(StandardWebhooksVerifier::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?);
+//! let engine = Engine::new(MemoryStore::new());
+//! let standard = Preset::standard_webhooks()
+//!     .verifier(StandardWebhooksVerifier::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?);
+//! let didit = Preset::didit().verifier(DiditVerifier::new("your Didit webhook secret"));
 //! let app: Router = Router::new()
 //!     .route("/webhooks/standard", post(|| async { "processed" }))
-//!     .layer(Preset::standard_webhooks().layer(Engine::new(MemoryStore::new())))
-//!     // Added last, so it runs first: a forged delivery never reaches the store.
-//!     .layer(middleware::from_fn_with_state(verifier, verify));
+//!     .route_layer(standard.layer(engine.clone()))
+//!     .merge(
+//!         Router::new()
+//!             .route("/webhooks/didit", post(|| async { "processed" }))
+//!             .route_layer(didit.layer(engine)),
+//!     );
 //! # let _ = app;
 //! # Ok(()) }
 //! ```
 //!
-//! `examples/webhook_receiver.rs` does the same for Stripe (`Stripe-Signature`) and
-//! GitHub (`X-Hub-Signature-256`).
+//! A delivery whose signature does not hold gets `401 signature-rejected` from the
+//! preset's layer before any record is claimed. Use `route_layer`, not `Router::layer`:
+//! the latter also wraps the router's fallback, and every unknown path would be answered
+//! by the preset's layer (`400 missing-key`) instead of `404` ([`Preset::layer`] says
+//! more). `examples/webhook_receiver.rs` serves Stripe, GitHub, Standard Webhooks, Didit
+//! and Adyen this way.
 //!
 #![doc = include_str!("deliveries.md")]
 //!
@@ -73,4 +75,7 @@ mod signature;
 pub use crate::server::extract::{KeySource, ScopeSource};
 pub use batch::{BatchDeduper, BatchError, BatchItem, BatchOutcome, DEFAULT_ITEM_LEASE};
 pub use preset::{DEFAULT_WEBHOOK_RETENTION, DeliveryId, Preset};
-pub use signature::{DEFAULT_TOLERANCE, SignatureError, StandardWebhooksVerifier};
+pub use signature::{
+    AdyenHmacVerifier, DEFAULT_TOLERANCE, DiditVerifier, HmacVerifier, SignatureError,
+    StandardWebhooksVerifier, VerifySignature,
+};

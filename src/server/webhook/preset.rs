@@ -1,15 +1,15 @@
 //! Presets: the id source, scope and retention floor of each sender.
 
+use std::borrow::Cow;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
 
-use super::signature::{SVIX_ID, WEBHOOK_ID};
+use super::signature::{SVIX_ID, VerifySignature, WEBHOOK_ID};
 use crate::fingerprint::Fingerprinter;
 use crate::key::IdempotencyKey;
 use crate::server::engine::Engine;
@@ -69,8 +69,40 @@ pub struct Preset {
     key: KeySource,
     scope: Option<ScopeSource>,
     key_required: bool,
-    retention: Duration,
-    floor: Duration,
+    retention: Retention,
+    verifier: Option<Verifier>,
+}
+
+/// A retention and the floor it is never set below: the one rule of presets and batch
+/// dedupers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Retention {
+    pub(super) requested: Duration,
+    pub(super) floor: Duration,
+}
+
+impl Retention {
+    /// [`DEFAULT_WEBHOOK_RETENTION`], no floor.
+    pub(super) const DEFAULT: Self = Self {
+        requested: DEFAULT_WEBHOOK_RETENTION,
+        floor: Duration::ZERO,
+    };
+
+    /// The retention in force: the requested one, raised to the floor.
+    pub(super) fn effective(self) -> Duration {
+        self.requested.max(self.floor)
+    }
+}
+
+/// A preset's signature check, shared by its clones.
+#[derive(Clone)]
+struct Verifier(Arc<dyn VerifySignature>);
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Verifiers hold secrets: say only that there is one.
+        f.write_str("<signature verifier>")
+    }
 }
 
 /// The identity of one delivery: its scope and its key.
@@ -103,12 +135,17 @@ impl DeliveryId {
 
 /// The preset's key source: the delivery's id, or `Ok(None)` (the layer then applies the
 /// preset's requirement).
+///
+/// With a [verifier](Preset::verifier), the signature is checked first: a delivery whose
+/// signature does not hold is rejected (`401 signature-rejected`) here, before the layer
+/// asks the store anything.
 impl ExtractKey for Preset {
     fn extract_key(
         &self,
         parts: &Parts,
         body: &Bytes,
     ) -> Result<Option<IdempotencyKey>, Rejection> {
+        self.check_signature(&parts.headers, body)?;
         self.key.extract(&parts.headers, body)
     }
 
@@ -140,8 +177,54 @@ impl Preset {
             key,
             scope: None,
             key_required: true,
-            retention: DEFAULT_WEBHOOK_RETENTION,
-            floor: Duration::ZERO,
+            retention: Retention::DEFAULT,
+            verifier: None,
+        }
+    }
+
+    /// Checks every delivery's signature with `verifier` **before** anything else: the
+    /// preset's layer and [`Preset::identify`] answer a delivery whose signature does not
+    /// hold with `401 signature-rejected` ([`Problem::SignatureRejected`]) before its id
+    /// is read or any record is claimed. A forged delivery that reuses a genuine id thus
+    /// neither runs the handler nor receives the genuine delivery's replay, and a stale
+    /// one (outside the verifier's tolerance) is refused though its id is new.
+    ///
+    /// Any [`VerifySignature`] fits: [`StandardWebhooksVerifier`], [`HmacVerifier`],
+    /// [`DiditVerifier`], or one of your own.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idemkey::server::Engine;
+    /// use idemkey::server::webhook::{HmacVerifier, Preset};
+    /// use idemkey::store::MemoryStore;
+    ///
+    /// let persona = Preset::persona().verifier(HmacVerifier::persona("wbhsec_test"));
+    /// let app: Router = Router::new()
+    ///     .route("/webhooks/persona", post(|| async { "processed" }))
+    ///     .route_layer(persona.layer(Engine::new(MemoryStore::new())));
+    /// # let _ = app;
+    /// ```
+    ///
+    /// [`Problem::SignatureRejected`]: crate::protocol::Problem::SignatureRejected
+    /// [`StandardWebhooksVerifier`]: super::StandardWebhooksVerifier
+    /// [`HmacVerifier`]: super::HmacVerifier
+    /// [`DiditVerifier`]: super::DiditVerifier
+    #[must_use]
+    pub fn verifier(mut self, verifier: impl VerifySignature) -> Self {
+        self.verifier = Some(Verifier(Arc::new(verifier)));
+        self
+    }
+
+    /// `true` when deliveries are checked by a [verifier](Preset::verifier) first.
+    #[must_use]
+    pub fn is_signed(&self) -> bool {
+        self.verifier.is_some()
+    }
+
+    fn check_signature(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), Rejection> {
+        match &self.verifier {
+            Some(Verifier(v)) => v.verify(headers, body).map_err(Rejection::from),
+            None => Ok(()),
         }
     }
 
@@ -156,7 +239,7 @@ impl Preset {
     /// raised to it. Read back with [`Preset::effective_retention`].
     #[must_use]
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
+        self.retention.requested = retention;
         self
     }
 
@@ -164,7 +247,7 @@ impl Preset {
     /// [`Preset::min_retention`].
     #[must_use]
     pub fn retention_floor(mut self, floor: Duration) -> Self {
-        self.floor = floor;
+        self.retention.floor = floor;
         self
     }
 
@@ -205,14 +288,14 @@ impl Preset {
     /// [`DEFAULT_WEBHOOK_RETENTION`]), raised to the floor.
     #[must_use]
     pub fn effective_retention(&self) -> Duration {
-        self.retention.max(self.floor)
+        self.retention.effective()
     }
 
     /// The floor ([`Preset::retention_floor`]): the shortest retention allowed, how long
     /// the sender may deliver the same event again.
     #[must_use]
     pub fn min_retention(&self) -> Duration {
-        self.floor
+        self.retention.floor
     }
 
     /// Whether the layer rejects a delivery without an id or passes it on.
@@ -235,14 +318,18 @@ impl Preset {
     /// Returns `Ok(None)` when the delivery has no id and the preset does not require
     /// one: process it without deduplication.
     ///
+    /// With a [verifier](Preset::verifier), the signature is checked first.
+    ///
     /// # Errors
-    /// [`Rejection`] (400): the id is required and missing (`missing-key`), or an id
-    /// is there but unusable (`invalid-key`), or a tenant is (`invalid-scope`).
+    /// [`Rejection`]: the signature does not hold (401, `signature-rejected`); the id
+    /// is required and missing (400, `missing-key`), or an id is there but unusable
+    /// (`invalid-key`), or a tenant is (`invalid-scope`).
     pub fn identify(
         &self,
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Option<DeliveryId>, Rejection> {
+        self.check_signature(headers, body)?;
         let input = Input::new(headers, body);
         let found = self.key.extract_in(&input)?;
         let Some(key) = self.requirement().apply(found, &self.key)? else {
@@ -279,19 +366,29 @@ impl Preset {
     /// acknowledges a delivery and is replayed; any other answer releases the id, so
     /// the sender's redelivery is processed.
     ///
-    /// Put signature verification *outside* this layer (added after it with axum's
-    /// `Router::layer`), so that a forged delivery never reaches the store.
+    /// A preset with a [verifier](Preset::verifier) checks each delivery's signature in
+    /// this layer, before the claim: nothing else is needed in front of it.
+    ///
+    /// **Apply it with axum's `Router::route_layer`, not `Router::layer`.** `route_layer`
+    /// wraps the routes only; `Router::layer` also wraps the router's fallback, so every
+    /// request to an unknown path (a typo, a sender not routed yet) would be answered
+    /// `400 missing-key` (or `401 signature-rejected`) by this layer instead of `404`,
+    /// and merging such a router into another one carries that fallback along. The same
+    /// goes for one route: `post(handler).route_layer(..)` on the method router, or
+    /// `Router::route_layer` after `.route(..)`.
     ///
     /// ```
     /// use axum::{Router, routing::post};
     /// use idemkey::server::Engine;
-    /// use idemkey::server::webhook::Preset;
+    /// use idemkey::server::webhook::{HmacVerifier, Preset};
     /// use idemkey::store::MemoryStore;
     ///
     /// let engine = Engine::new(MemoryStore::new());
+    /// let stripe = Preset::stripe().verifier(HmacVerifier::stripe("whsec_test_secret"));
     /// let app: Router = Router::new()
     ///     .route("/webhooks/stripe", post(|| async { "ok" }))
-    ///     .layer(Preset::stripe().layer(engine));
+    ///     // Routes only: `POST /elsewhere` stays a 404.
+    ///     .route_layer(stripe.layer(engine));
     /// # let _ = app;
     /// ```
     #[must_use]
@@ -472,6 +569,136 @@ impl Preset {
         )
     }
 
+    /// Didit (identity verification): the body's `event_id`; for payloads without one,
+    /// the fact itself: `session_id`, `webhook_type`, `status` and the digest of the
+    /// `decision` (or the first three when there is no decision). Scoped by the
+    /// application (`application_id`) when the payload names it.
+    ///
+    /// Check signatures with [`DiditVerifier`](super::DiditVerifier):
+    /// `Preset::didit().verifier(DiditVerifier::new(secret))`.
+    ///
+    /// Why `event_id`. Didit's current docs make it the fact's id: a resent delivery
+    /// "keeps its event_id" while Didit "refreshes the timestamp field, the X-Timestamp
+    /// header and the signatures" (Management API, "Resend webhook",
+    /// docs.didit.me/management-api/sessions/resend-webhook), and for transaction
+    /// webhooks "Every delivery carries a unique `X-Didit-Delivery` header but the same
+    /// `event_id` — de-dupe on your side" (docs.didit.me/transaction-monitoring/webhooks).
+    /// So never the delivery header, and never a hash of the raw body: both change on
+    /// every attempt. Didit's server-side payloads carry `event_id` and
+    /// `application_id` next to `session_id`, `status`, `webhook_type` and `timestamp`
+    /// (the fixtures of Didit's WordPress plugin, didit-protocol/plugin-wordpress). Whether
+    /// *automatic* retries of session webhooks keep `event_id` is stated on no page read
+    /// (they resend a recorded payload, which carries it). The headers `Webhook-Id` and
+    /// `X-Didit-Request-Id` appear in none of Didit's docs. The older reference
+    /// (docs.didit.me/reference/webhooks) documented no id and logs "each retry ... as a
+    /// new, separate event" in the dashboard: for such payloads the composite
+    /// identifies the fact, and a later status or a corrected decision
+    /// (`data.updated`) is a new one.
+    ///
+    /// Scope: each destination has its own secret (Management API, "Create webhook
+    /// destination": "Each destination has its own `secret_shared_key`"), so one route
+    /// (one verifier) per application; payloads without `application_id` share the
+    /// preset's base scope. Floor: 2 days. Didit retries a delivery answered with a 5xx
+    /// or 404 (docs.didit.me/reference/webhooks); transaction webhooks' "Total delivery
+    /// window ~24 hours" is the longest automatic window documented. A manual resend can
+    /// come at any time later; the default retention of 7 days covers a week of them.
+    #[must_use]
+    pub fn didit() -> Self {
+        let fact = |decision: Option<KeySource>| {
+            let parts = ["/session_id", "/webhook_type", "/status"].map(KeySource::json_pointer);
+            KeySource::composite(parts.into_iter().chain(decision))
+        };
+        Self::new(
+            "didit",
+            KeySource::json_pointer("/event_id")
+                .or(fact(Some(KeySource::json_digest("/decision"))))
+                .or(fact(None)),
+        )
+        .scope(ScopeSource::json_pointer("/application_id"))
+        .retention_floor(2 * DAY)
+    }
+
+    /// Persona (identity verification): the event's id, `data.id` (`evt_...`).
+    ///
+    /// Check signatures with [`HmacVerifier::persona`](super::HmacVerifier::persona)
+    /// (`Persona-Signature: t=...,v1=...`).
+    ///
+    /// Source: Persona docs, "Webhooks" (events are JSON:API documents whose `data` is
+    /// `{"type": "event", "id": "evt_..."}`) and "Webhook best practices" ("Your webhook
+    /// endpoints may occasionally receive the same event more than once"; order by
+    /// `data.attributes.created-at`). No tenant field is documented in the event: scope
+    /// per webhook (one route and secret each). Floor: 1 day. Persona retries "up to 5
+    /// times with an exponential backoff (0, 3, 18, 83, 258 seconds)" (best practices,
+    /// older version) or "up to a maximum of 8 times" (2021-05-14 version); the current
+    /// schedule and any manual redelivery horizon were not readable.
+    #[must_use]
+    pub fn persona() -> Self {
+        Self::new("persona", KeySource::json_pointer("/data/id")).retention_floor(DAY)
+    }
+
+    /// Onfido (identity verification): Onfido sends no event id, so the fact is keyed
+    /// by `payload.resource_type`, `payload.object.id`, `payload.action` and
+    /// `payload.object.status` (the first three when there is no status): a new action
+    /// or status of the same check is a new fact.
+    ///
+    /// Check signatures with [`HmacVerifier::onfido`](super::HmacVerifier::onfido)
+    /// (`X-SHA2-Signature`).
+    ///
+    /// Source: Onfido docs, "Webhooks" / "Manual webhook signature verification", and
+    /// onfido-node (`WebhookEvent`: `payload` with `resource_type`, `action` and
+    /// `object` `{id, status, href, ...}`; its test events). An event id, a tenant
+    /// field and a retry schedule are stated on no page read: scope per webhook (its
+    /// token), no floor beyond the default 7 days.
+    #[must_use]
+    pub fn onfido() -> Self {
+        let fact = |status: Option<KeySource>| {
+            let parts = [
+                "/payload/resource_type",
+                "/payload/object/id",
+                "/payload/action",
+            ]
+            .map(KeySource::json_pointer);
+            KeySource::composite(parts.into_iter().chain(status))
+        };
+        Self::new(
+            "onfido",
+            fact(Some(KeySource::json_pointer("/payload/object/status"))).or(fact(None)),
+        )
+    }
+
+    /// Sumsub (identity verification): the event's `correlationId` together with its
+    /// `type`; for payloads without one, `applicantId`, `type` and `createdAtMs`.
+    ///
+    /// Check signatures with [`HmacVerifier::sumsub`](super::HmacVerifier::sumsub)
+    /// (`x-payload-digest`, algorithm in `x-payload-digest-alg`).
+    ///
+    /// Source: Sumsub docs, "User verification webhooks" (`correlationId`: "A unique
+    /// identifier of the event"; `applicantId`, `type`, `createdAtMs`, `sandboxMode`),
+    /// "Receive verification results" ("We may send several final webhooks": a later
+    /// `applicantReviewed` with another answer is a new fact, and has its own id), and
+    /// Sumsub's agent-skills `lifecycle.md` ("Webhooks can arrive twice. Key your DB
+    /// upserts by `(applicantId, type, createdAt)`"), the fallback. `type` is kept with
+    /// `correlationId` because whether one correlation id can span two event types is
+    /// stated nowhere. Scope per webhook (its own secret). Floor: 2 days. Failed
+    /// deliveries are resent "after 5 minutes, 1 hour, 5 hours, and 18 hours" (action
+    /// webhooks sooner), about 24 hours in all ("Webhook manager").
+    #[must_use]
+    pub fn sumsub() -> Self {
+        Self::new(
+            "sumsub",
+            KeySource::composite([
+                KeySource::json_pointer("/correlationId"),
+                KeySource::json_pointer("/type"),
+            ])
+            .or(KeySource::composite([
+                KeySource::json_pointer("/applicantId"),
+                KeySource::json_pointer("/type"),
+                KeySource::json_pointer("/createdAtMs"),
+            ])),
+        )
+        .retention_floor(2 * DAY)
+    }
+
     /// The generic IETF `Idempotency-Key` header (bare or sf-string form).
     ///
     /// Source: IETF draft `draft-ietf-httpapi-idempotency-key-header`. No floor beyond
@@ -501,6 +728,10 @@ impl Preset {
             Self::paypal(),
             Self::mailgun(),
             Self::jira(),
+            Self::didit(),
+            Self::persona(),
+            Self::onfido(),
+            Self::sumsub(),
             Self::idempotency_key(),
         ]
     }

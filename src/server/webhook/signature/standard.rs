@@ -1,29 +1,25 @@
 //! Standard Webhooks signatures (HMAC-SHA256), checked before deduplication.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use sha2::Sha256;
+use hmac::Mac;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::protocol::Problem;
-use crate::server::rejection::Rejection;
-
-type HmacSha256 = Hmac<Sha256>;
-
-/// The tolerance the Standard Webhooks specification recommends: 5 minutes either way.
-pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
+use super::{
+    DEFAULT_TOLERANCE, HmacSha256, SignatureError, VerifySignature, check_fresh, hmac_sha256,
+    matches, required_header,
+};
 
 const SECRET_PREFIX: &str = "whsec_";
 
 /// The id header of a Standard Webhooks delivery (specification, "Webhook headers"):
 /// what the signature covers first, and what the preset keys deliveries by.
-pub(super) const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+pub(in crate::server::webhook) const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 /// Svix's name for [`WEBHOOK_ID`].
-pub(super) const SVIX_ID: HeaderName = HeaderName::from_static("svix-id");
+pub(in crate::server::webhook) const SVIX_ID: HeaderName = HeaderName::from_static("svix-id");
 
 /// Verifies (and makes) [Standard Webhooks](https://www.standardwebhooks.com/) signatures:
 /// HMAC-SHA256 over `{webhook-id}.{webhook-timestamp}.{body}`, base64-encoded, sent as
@@ -82,13 +78,11 @@ impl StandardWebhooksVerifier {
     pub fn new(secret: &str) -> Result<Self, SignatureError> {
         let encoded = secret.trim();
         let encoded = encoded.strip_prefix(SECRET_PREFIX).unwrap_or(encoded);
-        let key = BASE64
-            .decode(encoded)
-            .map_err(|e| SignatureError::new(Kind::InvalidSecret(e.to_string())))?;
+        let key = BASE64.decode(encoded).map_err(|e| {
+            SignatureError::invalid_secret(format_args!("not `whsec_` followed by base64: {e}"))
+        })?;
         if key.is_empty() {
-            return Err(SignatureError::new(Kind::InvalidSecret(
-                "the secret is empty".into(),
-            )));
+            return Err(SignatureError::invalid_secret("the secret is empty"));
         }
         Ok(Self::from_key_bytes(key))
     }
@@ -114,14 +108,16 @@ impl StandardWebhooksVerifier {
         self
     }
 
-    /// How far the timestamp may be from now, either way (default 5 minutes).
+    /// How far the timestamp may be from now, either way (default
+    /// [`DEFAULT_TOLERANCE`], 5 minutes).
     #[must_use]
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
         self
     }
 
-    /// Verifies a delivery against the system clock.
+    /// Verifies a delivery against the system clock ([`VerifySignature::verify`],
+    /// callable without importing the trait).
     ///
     /// # Errors
     /// See [`StandardWebhooksVerifier::verify_at`].
@@ -129,7 +125,8 @@ impl StandardWebhooksVerifier {
         self.verify_at(headers, body, SystemTime::now())
     }
 
-    /// Verifies a delivery as of `now`.
+    /// Verifies a delivery as of `now` ([`VerifySignature::verify_at`], callable
+    /// without importing the trait).
     ///
     /// # Errors
     /// [`SignatureError`]: a signature header is missing or malformed
@@ -142,28 +139,23 @@ impl StandardWebhooksVerifier {
         body: &[u8],
         now: SystemTime,
     ) -> Result<(), SignatureError> {
-        let id = text(headers, &self.id)?;
-        let ts_text = text(headers, &self.timestamp)?;
-        let ts: i64 = ts_text
+        let id = required_header(headers, &self.id)?;
+        let ts: i64 = required_header(headers, &self.timestamp)?
             .parse()
-            .map_err(|_| SignatureError::new(Kind::Malformed(self.timestamp.clone())))?;
-        let now = unix_seconds(now);
-        // i128: no overflow whatever the sender put in the header.
-        let skew = (i128::from(now) - i128::from(ts)).unsigned_abs();
-        if skew > u128::from(self.tolerance.as_secs()) {
-            return Err(SignatureError::new(Kind::Stale {
-                skew_secs: u64::try_from(skew).unwrap_or(u64::MAX),
-            }));
-        }
-        let mac = self.mac(id, ts, body)?;
+            .map_err(|_| SignatureError::malformed(format_args!("header `{}`", self.timestamp)))?;
+        check_fresh(ts, now, self.tolerance)?;
+        let mac = self.mac(id, ts, body);
         let mut signatures = headers.get_all(&self.signature).iter().peekable();
         if signatures.peek().is_none() {
-            return Err(SignatureError::new(Kind::Missing(self.signature.clone())));
+            return Err(SignatureError::missing(format_args!(
+                "header `{}`",
+                self.signature
+            )));
         }
         for value in signatures {
-            let value = value
-                .to_str()
-                .map_err(|_| SignatureError::new(Kind::Malformed(self.signature.clone())))?;
+            let value = value.to_str().map_err(|_| {
+                SignatureError::malformed(format_args!("header `{}`", self.signature))
+            })?;
             for entry in value.split_ascii_whitespace() {
                 let Some(("v1", encoded)) = entry.split_once(',') else {
                     continue; // other schemes (v1a: asymmetric) are not ours to check
@@ -171,21 +163,21 @@ impl StandardWebhooksVerifier {
                 let Ok(candidate) = BASE64.decode(encoded) else {
                     continue;
                 };
-                if mac.clone().verify_slice(&candidate).is_ok() {
+                if matches(&mac, &candidate) {
                     return Ok(());
                 }
             }
         }
-        Err(SignatureError::new(Kind::Mismatch))
+        Err(SignatureError::mismatch())
     }
 
     /// The `v1,<base64>` signature of a delivery, as a sender makes it.
     ///
     /// # Errors
-    /// Never for keys made by the constructors (HMAC takes keys of any length); the
-    /// `Result` guards the HMAC crate's contract.
+    /// Never: HMAC takes keys of any length. The `Result` is kept so that signing
+    /// code does not change if a fallible key type is added.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> Result<String, SignatureError> {
-        let tag = self.mac(id, timestamp, body)?.finalize().into_bytes();
+        let tag = self.mac(id, timestamp, body).finalize().into_bytes();
         Ok(format!("v1,{}", BASE64.encode(tag)))
     }
 
@@ -201,7 +193,8 @@ impl StandardWebhooksVerifier {
         body: &[u8],
     ) -> Result<HeaderMap, SignatureError> {
         let value = |name: &HeaderName, v: String| {
-            HeaderValue::try_from(v).map_err(|_| SignatureError::new(Kind::Malformed(name.clone())))
+            HeaderValue::try_from(v)
+                .map_err(|_| SignatureError::malformed(format_args!("header `{name}`")))
         };
         let mut headers = HeaderMap::new();
         headers.insert(self.id.clone(), value(&self.id, id.to_owned())?);
@@ -216,118 +209,34 @@ impl StandardWebhooksVerifier {
         Ok(headers)
     }
 
-    fn mac(&self, id: &str, timestamp: i64, body: &[u8]) -> Result<HmacSha256, SignatureError> {
-        let mut mac = HmacSha256::new_from_slice(&self.key)
-            .map_err(|e| SignatureError::new(Kind::InvalidSecret(e.to_string())))?;
+    fn mac(&self, id: &str, timestamp: i64, body: &[u8]) -> HmacSha256 {
+        let mut mac = hmac_sha256(&self.key);
         mac.update(id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.to_string().as_bytes());
         mac.update(b".");
         mac.update(body);
-        Ok(mac)
+        mac
     }
 }
 
-fn text<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<&'h str, SignatureError> {
-    headers
-        .get(name)
-        .ok_or_else(|| SignatureError::new(Kind::Missing(name.clone())))?
-        .to_str()
-        .map_err(|_| SignatureError::new(Kind::Malformed(name.clone())))
-}
-
-fn unix_seconds(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_secs()).map_or(i64::MIN, |s| -s),
-    }
-}
-
-/// A delivery whose signature does not hold, or a secret that cannot be used.
-///
-/// Carries its answer: [`SignatureError::status`] is `401 Unauthorized` for a delivery.
-#[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
-pub struct SignatureError {
-    kind: Kind,
-}
-
-#[derive(Debug)]
-enum Kind {
-    InvalidSecret(String),
-    Missing(HeaderName),
-    Malformed(HeaderName),
-    Stale { skew_secs: u64 },
-    Mismatch,
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Kind::InvalidSecret(e) => write!(
-                f,
-                "the webhook secret is not `whsec_` followed by base64 ({e}); copy it again from the sender's dashboard"
-            ),
-            Kind::Missing(h) => write!(f, "the delivery is not signed: header `{h}` is missing"),
-            Kind::Malformed(h) => write!(f, "header `{h}` is malformed"),
-            Kind::Stale { skew_secs } => write!(
-                f,
-                "the delivery's timestamp is {skew_secs} s away from now, outside the tolerance; a replayed delivery, or a clock that is off"
-            ),
-            Kind::Mismatch => f.write_str(
-                "no signature matches the delivery: it was not sent by the holder of the secret, or was changed on the way",
-            ),
-        }
-    }
-}
-
-impl SignatureError {
-    fn new(kind: Kind) -> Self {
-        Self { kind }
-    }
-
-    /// `true` when the secret given to the constructor is unusable.
-    #[must_use]
-    pub fn is_invalid_secret(&self) -> bool {
-        matches!(self.kind, Kind::InvalidSecret(_))
-    }
-
-    /// `true` when a signature header is missing or malformed.
-    #[must_use]
-    pub fn is_malformed(&self) -> bool {
-        matches!(self.kind, Kind::Missing(_) | Kind::Malformed(_))
-    }
-
-    /// `true` when the timestamp is outside the tolerance.
-    #[must_use]
-    pub fn is_stale(&self) -> bool {
-        matches!(self.kind, Kind::Stale { .. })
-    }
-
-    /// `true` when no signature matches.
-    #[must_use]
-    pub fn is_mismatch(&self) -> bool {
-        matches!(self.kind, Kind::Mismatch)
-    }
-
-    /// The status to answer a delivery with: `401 Unauthorized`, the status of the
-    /// `signature-rejected` problem this error converts into.
-    #[must_use]
-    pub fn status(&self) -> StatusCode {
-        Problem::SignatureRejected.default_status()
-    }
-}
-
-/// The `401 signature-rejected` answer to a delivery, with this error as its detail.
-impl From<SignatureError> for Rejection {
-    fn from(e: SignatureError) -> Self {
-        Rejection::signature_rejected(e)
+/// The one way to check a signature: what [`Preset::verifier`](crate::server::webhook::Preset::verifier) runs.
+impl VerifySignature for StandardWebhooksVerifier {
+    fn verify_at(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<(), SignatureError> {
+        StandardWebhooksVerifier::verify_at(self, headers, body, now)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
+    use std::time::UNIX_EPOCH;
 
     const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
     const ID: &str = "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk";
