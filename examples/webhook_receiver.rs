@@ -9,19 +9,28 @@
 //! - `POST /webhooks/github`: GitHub deliveries, keyed by `X-GitHub-Delivery`, scoped by
 //!   `X-GitHub-Hook-ID`;
 //! - `POST /webhooks/standard`: Standard Webhooks messages, keyed by `webhook-id`;
-//! - `GET /stats`: `{"processed": n}`, the number of events processed (not replayed).
+//! - `POST /webhooks/didit`: Didit identity-verification events, keyed by `event_id`
+//!   (or session, type, status and decision), scoped by `application_id`;
+//! - `POST /webhooks/adyen`: Adyen notification batches, each item keyed by merchant
+//!   account, PSP reference, event code and success; answered `[accepted]`;
+//! - `GET /stats`: `{"processed": n}`, the number of events (Adyen: items) processed,
+//!   not replayed.
+//!
+//! Any other path is `404`: the presets' layers wrap the routes only (`route_layer`).
 //!
 //! `--store` takes any URL of `idemkey::store::open` (`memory`, the default;
 //! `redis://...`, `postgres://...`, `sqlite://PATH` with their features). Two instances
 //! on one Redis or PostgreSQL process each event once between them.
 //!
-//! With `--secret`, every route checks its sender's signature **before** deduplication,
-//! so a forged delivery is refused (`401 signature-rejected`) and never receives the
-//! replay of a genuine one:
-//! Standard Webhooks (`webhook-signature`, the secret as `whsec_<base64>`), Stripe
-//! (`Stripe-Signature`, `t=...,v1=<hex>` over `{t}.{body}`) and GitHub
-//! (`X-Hub-Signature-256`, `sha256=<hex>` over the body). Timestamps must be within
-//! 5 minutes.
+//! With `--secret`, every route checks its sender's signature **before** deduplication
+//! (the presets' verifiers), so a forged or stale delivery is refused
+//! (`401 signature-rejected`) before any record is touched, and never receives the
+//! replay of a genuine one: Standard Webhooks (`webhook-signature`, the secret as
+//! `whsec_<base64>`), Stripe (`Stripe-Signature`), GitHub (`X-Hub-Signature-256`), Didit
+//! (`X-Signature` or `X-Signature-V2`, body `timestamp`) and Adyen (each item's
+//! `additionalData.hmacSignature`, the secret as the hex HMAC key). A secret that is not
+//! base64 (Standard Webhooks) or hex (Adyen) is used as raw key bytes there. Timestamps
+//! must be within 5 minutes.
 //!
 //! A duplicate delivery gets the first delivery's 2xx replayed (with
 //! `Idempotent-Replayed: true`); a duplicate that arrives while the first is being
@@ -31,25 +40,18 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, StatusCode};
-use idemkey::server::webhook::{Preset, StandardWebhooksVerifier};
-use idemkey::server::{Engine, Rejection};
+use http::StatusCode;
+use idemkey::server::Engine;
+use idemkey::server::webhook::{
+    AdyenHmacVerifier, BatchDeduper, DiditVerifier, HmacVerifier, Preset, StandardWebhooksVerifier,
+};
 use idemkey::store::Store;
-use sha2::Sha256;
-
-/// The largest webhook body read for signature checks (the layer's own limit is 2 MiB).
-const BODY_LIMIT: usize = 2 * 1024 * 1024;
-/// How far a signed timestamp may be from now.
-const TOLERANCE: Duration = Duration::from_secs(5 * 60);
 
 /// Counts events processed by the handlers (replays do not reach them).
 #[derive(Clone, Default)]
@@ -65,38 +67,57 @@ impl Stats {
 
 /// The receiver's routes over `store`; with `secret`, signatures are checked first.
 pub(crate) fn app(store: Arc<dyn Store>, secret: Option<&str>) -> (Router, Stats) {
-    let engine = Engine::new(store);
+    let engine = Engine::new(store.clone());
     let stats = Stats::default();
-    let route = |path: &str, preset: Preset, check: Option<Check>| {
-        let router = Router::new()
-            .route(path, post(receive))
-            .layer(preset.layer(engine.clone()));
-        // Added after the idempotency layer, so it runs first: a forged delivery
-        // never reaches the store.
-        match check {
-            Some(check) => router.layer(middleware::from_fn_with_state(check, verify)),
-            None => router,
+    let (stripe, github, standard, didit) = (
+        Preset::stripe(),
+        Preset::github(),
+        Preset::standard_webhooks(),
+        Preset::didit(),
+    );
+    let mut adyen = BatchDeduper::adyen(store);
+    let (stripe, github, standard, didit) = match secret {
+        None => (stripe, github, standard, didit),
+        Some(secret) => {
+            // Standard Webhooks secrets are `whsec_<base64>` and Adyen keys hex; any
+            // other string is used as raw key bytes, as Stripe, GitHub and Didit use
+            // theirs.
+            let standard_key = StandardWebhooksVerifier::new(secret)
+                .unwrap_or_else(|_| StandardWebhooksVerifier::from_key_bytes(secret.as_bytes()));
+            let adyen_key = AdyenHmacVerifier::new(secret)
+                .unwrap_or_else(|_| AdyenHmacVerifier::from_key_bytes(secret.as_bytes()));
+            adyen = adyen.item_verifier(adyen_key);
+            (
+                stripe.verifier(HmacVerifier::stripe(secret)),
+                github.verifier(HmacVerifier::github(secret)),
+                standard.verifier(standard_key),
+                didit.verifier(DiditVerifier::new(secret)),
+            )
         }
     };
-    let checks = secret.map(Checks::new);
+    // One route per sender, its preset's layer on that route only: `route_layer` (not
+    // `Router::layer`, which would wrap the fallback too and answer unknown paths with
+    // the preset's `400 missing-key`).
+    let route = |path: &str, preset: Preset| {
+        Router::new()
+            .route(path, post(receive))
+            .route_layer(preset.layer(engine.clone()))
+    };
     let router = Router::new()
-        .merge(route(
-            "/webhooks/stripe",
-            Preset::stripe(),
-            checks.as_ref().map(|c| c.stripe.clone()),
-        ))
-        .merge(route(
-            "/webhooks/github",
-            Preset::github(),
-            checks.as_ref().map(|c| c.github.clone()),
-        ))
-        .merge(route(
-            "/webhooks/standard",
-            Preset::standard_webhooks(),
-            checks.as_ref().map(|c| c.standard.clone()),
-        ))
+        .merge(route("/webhooks/stripe", stripe))
+        .merge(route("/webhooks/github", github))
+        .merge(route("/webhooks/standard", standard))
+        .merge(route("/webhooks/didit", didit))
         .route("/stats", get(stats_handler))
-        .with_state(stats.clone());
+        .with_state(stats.clone())
+        .merge(
+            Router::new()
+                .route("/webhooks/adyen", post(receive_adyen))
+                .with_state(Adyen {
+                    dedup: adyen,
+                    stats: stats.clone(),
+                }),
+        );
     (router, stats)
 }
 
@@ -109,146 +130,28 @@ async fn receive(State(stats): State<Stats>, body: Bytes) -> impl IntoResponse {
     )
 }
 
+#[derive(Clone)]
+struct Adyen {
+    dedup: BatchDeduper,
+    stats: Stats,
+}
+
+/// Processes the items of an Adyen batch that were not processed before (here: counts
+/// them), then answers `[accepted]`, or what the batch's state calls for.
+async fn receive_adyen(State(adyen): State<Adyen>, body: Bytes) -> impl IntoResponse {
+    let stats = &adyen.stats;
+    let result = adyen
+        .dedup
+        .process(&body, |_item| async move {
+            stats.processed.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .await;
+    adyen.dedup.respond(result)
+}
+
 async fn stats_handler(State(stats): State<Stats>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "processed": stats.processed() }))
-}
-
-/// The signature checks of the three senders, from one `--secret`.
-struct Checks {
-    stripe: Check,
-    github: Check,
-    standard: Check,
-}
-
-impl Checks {
-    fn new(secret: &str) -> Self {
-        // Standard Webhooks secrets are `whsec_<base64>`; any other string is used as
-        // raw key bytes, as Stripe and GitHub use theirs.
-        let standard = StandardWebhooksVerifier::new(secret)
-            .unwrap_or_else(|_| StandardWebhooksVerifier::from_key_bytes(secret.as_bytes()))
-            .tolerance(TOLERANCE);
-        Self {
-            stripe: Check::Stripe(Arc::from(secret.as_bytes())),
-            github: Check::GitHub(Arc::from(secret.as_bytes())),
-            standard: Check::Standard(Arc::new(standard)),
-        }
-    }
-}
-
-#[derive(Clone)]
-enum Check {
-    Stripe(Arc<[u8]>),
-    GitHub(Arc<[u8]>),
-    Standard(Arc<StandardWebhooksVerifier>),
-}
-
-impl Check {
-    fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), String> {
-        match self {
-            Check::Standard(v) => v.verify(headers, body).map_err(|e| e.to_string()),
-            Check::Stripe(key) => verify_stripe(key, headers, body),
-            Check::GitHub(key) => verify_github(key, headers, body),
-        }
-    }
-}
-
-/// Buffers the body, checks the signature, hands the same bytes on. Refusals are the
-/// crate's problem answers (`body-too-large`, `body-unreadable`, `signature-rejected`).
-async fn verify(State(check): State<Check>, req: Request, next: Next) -> Response {
-    let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
-        Ok(b) => b,
-        Err(e) if is_length_limit(&e) => return answer(Rejection::body_too_large(BODY_LIMIT)),
-        Err(e) => return answer(Rejection::body_unreadable(e)),
-    };
-    if let Err(why) = check.verify(&parts.headers, &bytes) {
-        return answer(Rejection::signature_rejected(why));
-    }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
-}
-
-/// `true` when reading the body failed because it passed the limit (not because the
-/// sender went away mid-body).
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
-/// The problem response of `rejection`, as axum's response type.
-fn answer(rejection: Rejection) -> Response {
-    rejection.into_response().into_response()
-}
-
-fn mac(key: &[u8]) -> Hmac<Sha256> {
-    // HMAC takes keys of any length: this cannot fail.
-    <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!())
-}
-
-/// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`, HMAC-SHA256 of
-/// `{t}.{body}` with the endpoint secret (Stripe docs: Webhooks, "Verify webhook
-/// signatures manually").
-fn verify_stripe(key: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<(), String> {
-    let header = headers
-        .get("stripe-signature")
-        .and_then(|v| v.to_str().ok())
-        .ok_or("the delivery is not signed: header `stripe-signature` is missing")?;
-    let mut timestamp = None;
-    let mut signatures = Vec::new();
-    for item in header.split(',') {
-        match item.trim().split_once('=') {
-            Some(("t", t)) => timestamp = t.parse::<i64>().ok(),
-            Some(("v1", s)) => signatures.extend(hex::decode(s).ok()),
-            _ => {}
-        }
-    }
-    let t = timestamp.ok_or("`stripe-signature` has no timestamp `t=`")?;
-    check_timestamp(t)?;
-    let mut m = mac(key);
-    m.update(t.to_string().as_bytes());
-    m.update(b".");
-    m.update(body);
-    signatures
-        .iter()
-        .any(|s| m.clone().verify_slice(s).is_ok())
-        .then_some(())
-        .ok_or_else(|| "no `v1` signature matches the delivery".to_owned())
-}
-
-/// GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the body with the
-/// webhook secret (GitHub docs: "Validating webhook deliveries").
-fn verify_github(key: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<(), String> {
-    let sig = headers
-        .get("x-hub-signature-256")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("sha256="))
-        .and_then(|v| hex::decode(v).ok())
-        .ok_or(
-            "the delivery is not signed: header `x-hub-signature-256` is missing or malformed",
-        )?;
-    let mut m = mac(key);
-    m.update(body);
-    m.verify_slice(&sig)
-        .map_err(|_| "the signature does not match the delivery".to_owned())
-}
-
-fn check_timestamp(t: i64) -> Result<(), String> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    let skew = (i128::from(now) - i128::from(t)).unsigned_abs();
-    if skew > u128::from(TOLERANCE.as_secs()) {
-        return Err(format!(
-            "the signed timestamp is {skew} s away from now, outside the 5 minute tolerance"
-        ));
-    }
-    Ok(())
 }
 
 /// The command line: `--addr`, `--store`, `--secret`.
@@ -260,7 +163,9 @@ struct Args {
 
 fn args() -> Result<Args, String> {
     let m = clap::Command::new("webhook_receiver")
-        .about("Receives Stripe, GitHub and Standard Webhooks deliveries exactly once")
+        .about(
+            "Receives Stripe, GitHub, Standard Webhooks, Didit and Adyen deliveries exactly once",
+        )
         .override_usage("webhook_receiver --addr ADDR [--store URL] [--secret SECRET]")
         .arg(
             clap::Arg::new("addr")

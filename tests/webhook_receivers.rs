@@ -206,6 +206,89 @@ async fn hundreds_of_concurrent_duplicates_are_processed_once() {
     assert_eq!((late.status, late.replayed()), (StatusCode::OK, true));
 }
 
+/// Unknown paths are 404 with and without signatures: the presets' layers wrap the
+/// example's routes only (`route_layer`), not the router's fallback, so a request to a
+/// path nobody routed is never answered by a preset (`400 missing-key`,
+/// `401 signature-rejected`) and never reaches the store.
+#[tokio::test]
+async fn unknown_paths_are_404_and_never_reach_a_preset() {
+    for secret in [None, Some(STANDARD_SECRET)] {
+        let store = support::verifier::FlakyStore::default();
+        let (router, _stats) = receiver::app(Arc::new(store.clone()), secret);
+        let server = serve(router).await;
+        let client = reqwest::Client::new();
+        for path in [
+            "/nonexistent",
+            "/webhooks/nonexistent",
+            "/webhooks/stripe/extra",
+            "/webhooks",
+        ] {
+            // Bare, and with the headers a preset would accept as an id.
+            for h in [
+                headers(&[]),
+                headers(&[("webhook-id", "msg_1"), ("x-github-delivery", "d-1")]),
+            ] {
+                let a = deliver(&client, &server.url(path), &h, STANDARD_BODY).await;
+                assert_eq!(
+                    a.status,
+                    StatusCode::NOT_FOUND,
+                    "POST {path} ({secret:?}): {a:?}"
+                );
+            }
+        }
+        assert_eq!(store.calls(), 0, "{secret:?}");
+        // A route's other methods stay the router's answer too.
+        let get = client
+            .get(server.url("/webhooks/didit"))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(store.calls(), 0, "{secret:?}");
+        assert_eq!(processed(&client, &server).await, 0);
+    }
+}
+
+/// What the presets' docs tell users: `route_layer` leaves unknown paths to the router
+/// (404), `Router::layer` wraps the fallback too, so the preset answers them (here
+/// `400 missing-key`, naming the preset's id header).
+#[tokio::test]
+async fn route_layer_keeps_unknown_paths_404_and_router_layer_does_not() {
+    let app = |route_only: bool| {
+        let r = Router::new().route("/webhooks/standard", post(|| async { "processed" }));
+        let layer = Preset::standard_webhooks().layer(Engine::new(MemoryStore::new()));
+        if route_only {
+            r.route_layer(layer)
+        } else {
+            r.layer(layer)
+        }
+    };
+    let client = reqwest::Client::new();
+    let route_only = serve(app(true)).await;
+    let a = deliver(
+        &client,
+        &route_only.url("/nonexistent"),
+        &headers(&[]),
+        STANDARD_BODY,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    let wrapped = serve(app(false)).await;
+    let a = deliver(
+        &client,
+        &wrapped.url("/nonexistent"),
+        &headers(&[]),
+        STANDARD_BODY,
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.problem_type().as_str()),
+        (StatusCode::BAD_REQUEST, "urn:idemkey:problem:missing-key"),
+        "axum's `Router::layer` wraps the fallback: {a:?}"
+    );
+    assert!(a.detail().contains("webhook-id"), "{}", a.detail());
+}
+
 /// A route like the example's, whose handler waits at the test's gate (when `gated`) and
 /// fails with 500 while `fail` is set.
 struct Gated {
@@ -245,7 +328,7 @@ async fn gated(preset: Preset, gated: bool, fail: u64) -> Gated {
     let (gate, runs, fail) = (state.gate.clone(), state.runs.clone(), state.fail.clone());
     let router = Router::new()
         .route("/webhooks/github", post(gated_handler))
-        .layer(preset.layer(Engine::new(MemoryStore::new())))
+        .route_layer(preset.layer(Engine::new(MemoryStore::new())))
         .with_state(state);
     Gated {
         server: serve(router).await,

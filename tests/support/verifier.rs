@@ -1,5 +1,5 @@
 //! Verifier-side helpers: HTTP shortcuts, one answer as read by a test, a store that
-//! fails on demand.
+//! fails on demand and counts what it is asked.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use idemkey::store::{Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, Store, StoreError};
+use idemkey::store::{
+    Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, RecordInfo, Store, StoreError,
+};
 
 /// A plain reqwest client (no idempotency middleware) for driving the verifier by hand.
 pub(crate) fn http() -> reqwest::Client {
@@ -108,17 +110,26 @@ impl Answer {
     }
 }
 
-/// A memory store that fails every operation while `failing` is set: an outage switch.
+/// A memory store that fails every operation while `failing` is set (an outage switch),
+/// and counts every operation the verifier asks of it (claims, completions, renewals,
+/// releases): a count of 0 proves a request was refused before any record was touched.
 #[derive(Clone, Default)]
 pub(crate) struct FlakyStore {
     pub(crate) inner: MemoryStore,
     pub(crate) failing: Arc<AtomicBool>,
     /// How many of the next `complete` calls fail (a short store blip after the handler).
     pub(crate) failing_completes: Arc<AtomicU32>,
+    calls: Arc<AtomicU32>,
 }
 
 impl FlakyStore {
+    /// The operations asked so far (failed ones included).
+    pub(crate) fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
     fn check(&self, what: &str) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::unavailable(
                 what.to_owned(),
@@ -167,5 +178,9 @@ impl Store for FlakyStore {
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         self.check("release")?;
         self.inner.release(id, token).await
+    }
+    /// For the tests' own look-ups: neither counted nor failed.
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(id).await
     }
 }
