@@ -23,10 +23,15 @@
 //!
 //! Stores: [`MemoryStore`] (embedded, the default); `SqliteStore` (feature `sqlite`,
 //! embedded and durable); `RedisStore` (feature `redis`, shared); `PostgresStore`
-//! (feature `postgres`, shared and durable). [`open`] picks one by connection string.
+//! (feature `postgres`, shared and durable); `DynamoStore` (feature `dynamodb`, shared,
+//! on Amazon DynamoDB). [`open`] picks one by connection string.
 
+#[cfg(feature = "dynamodb")]
+mod dynamodb;
 mod memory;
 mod open;
+#[cfg(feature = "dynamodb")]
+mod pending_v2;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -44,6 +49,11 @@ use bytes::Bytes;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+/// The AWS SDK crate whose client [`DynamoStore::builder`] takes (feature `dynamodb`).
+#[cfg(feature = "dynamodb")]
+pub use aws_sdk_dynamodb;
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::{DynamoStore, DynamoStoreBuilder};
 pub use memory::MemoryStore;
 pub use open::{OpenError, open};
 #[cfg(feature = "postgres")]

@@ -3,6 +3,7 @@
 //! connection strings of the shared stores, unique names for isolation, private server
 //! processes that a test may kill, verifier apps.
 
+pub(crate) mod moto;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
 
@@ -327,6 +328,31 @@ pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &
 
 #[cfg(feature = "test-util")]
 pub mod apps;
+
+/// A DynamoDB store with a table of its own (created) on `moto`'s server.
+#[cfg(feature = "dynamodb")]
+pub async fn dynamo_store(moto: &moto::MotoServer, table: &str) -> idemkey::store::DynamoStore {
+    let store = idemkey::store::DynamoStore::builder(dynamo_client(moto))
+        .table(table)
+        .build()
+        .expect("a valid table name");
+    store
+        .create_table()
+        .await
+        .unwrap_or_else(|e| panic!("create table {table} on moto at {}: {e}", moto.url()));
+    store
+}
+
+/// An SDK client for `moto`'s server (any credentials do).
+#[cfg(feature = "dynamodb")]
+pub fn dynamo_client(moto: &moto::MotoServer) -> idemkey::store::aws_sdk_dynamodb::Client {
+    use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
+    let config = idemkey::store::DynamoStore::sdk_config("us-east-1")
+        .endpoint_url(moto.url())
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .build();
+    Client::from_conf(config)
+}
 
 /// A private three-node Redis Cluster (no replicas, no persistence) on free ports,
 /// each node killed by its pid on drop.
