@@ -449,6 +449,36 @@ struct LossyRelay {
     port: u16,
     lose_next: Arc<AtomicBool>,
     lost: Arc<AtomicUsize>,
+    requests: Arc<std::sync::Mutex<Requests>>,
+}
+
+/// The operations of the requests a relay forwarded.
+#[derive(Default)]
+struct Requests {
+    by_operation: Vec<String>,
+}
+
+impl Requests {
+    /// Counts the complete `X-Amz-Target` headers in `seen` and drops what was read.
+    fn count(&mut self, seen: &mut Vec<u8>) {
+        const HEADER: &[u8] = b"x-amz-target: dynamodb_20120810.";
+        let lower = seen.to_ascii_lowercase();
+        let mut end = 0;
+        let mut at = 0;
+        while let Some(pos) = lower[at..].windows(HEADER.len()).position(|w| w == HEADER) {
+            let start = at + pos + HEADER.len();
+            let Some(len) = seen[start..].iter().position(|b| *b == b'\r') else {
+                break; // the rest of this header has not arrived yet
+            };
+            self.by_operation
+                .push(String::from_utf8_lossy(&seen[start..start + len]).into_owned());
+            at = start + len;
+            end = at;
+        }
+        // Keep a tail that may hold the start of a header cut by the read.
+        let keep_from = end.max(seen.len().saturating_sub(HEADER.len() + 32));
+        seen.drain(..keep_from);
+    }
 }
 
 impl LossyRelay {
@@ -462,19 +492,36 @@ impl LossyRelay {
             Arc::new(AtomicUsize::new(0)),
         );
         let upstream = upstream.trim_start_matches("http://").to_owned();
-        let (flag, count) = (Arc::clone(&lose_next), Arc::clone(&lost));
+        let requests = Arc::new(std::sync::Mutex::new(Requests::default()));
+        let (flag, count, counts) = (
+            Arc::clone(&lose_next),
+            Arc::clone(&lost),
+            Arc::clone(&requests),
+        );
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (upstream, flag, count) =
                     (upstream.clone(), Arc::clone(&flag), Arc::clone(&count));
+                let requests = Arc::clone(&counts);
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
                         return;
                     };
                     let (mut client_read, mut client_write) = client.into_split();
                     let (mut server_read, mut server_write) = server.into_split();
+                    let requests = Arc::clone(&requests);
                     let up = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                        // Forwards requests, counting them by operation (their
+                        // `X-Amz-Target` header).
+                        let mut buf = vec![0u8; 64 * 1024];
+                        let mut seen = Vec::new();
+                        while let Ok(n @ 1..) = client_read.read(&mut buf).await {
+                            seen.extend_from_slice(&buf[..n]);
+                            requests.lock().expect("counts").count(&mut seen);
+                            if server_write.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
                     });
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(n @ 1..) = server_read.read(&mut buf).await {
@@ -494,7 +541,19 @@ impl LossyRelay {
             port,
             lose_next,
             lost,
+            requests,
         }
+    }
+
+    /// The requests relayed since the last call, by operation: `"GetItem=2 PutItem=1"`.
+    fn take_requests(&self) -> String {
+        let ops = std::mem::take(&mut self.requests.lock().expect("counts").by_operation);
+        let mut counts = std::collections::BTreeMap::<String, usize>::new();
+        for op in ops {
+            *counts.entry(op).or_default() += 1;
+        }
+        let counts: Vec<String> = counts.iter().map(|(op, n)| format!("{op}={n}")).collect();
+        counts.join(" ")
     }
 
     fn url(&self) -> String {
@@ -552,4 +611,56 @@ async fn a_retried_claim_or_completion_whose_answer_was_lost_succeeds() {
         .await
         .expect_err("completed already");
     assert!(err.is_fenced(), "{err}");
+}
+
+#[tokio::test]
+async fn requests_per_fresh_request_and_per_replay() {
+    use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
+    let moto = MotoServer::start();
+    support::dynamo_store(&moto, "idemkey_counted").await;
+    let relay = LossyRelay::start(moto.url()).await;
+    let config = DynamoStore::sdk_config("us-east-1")
+        .endpoint_url(relay.url())
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .build();
+    let store = DynamoStore::builder(Client::from_conf(config))
+        .table("idemkey_counted")
+        .build()
+        .expect("store");
+    for (key, size, fresh, replay) in [
+        ("small", 1000, "PutItem=1 UpdateItem=1", "PutItem=1"),
+        // Four chunks of 256 KiB: written before the completion, read after the claim.
+        (
+            "1 MiB",
+            1 << 20,
+            "PutItem=5 UpdateItem=1",
+            "GetItem=4 PutItem=1",
+        ),
+    ] {
+        let (id, owner) = (RecordId::new("counted", key), FencingToken::random());
+        relay.take_requests();
+        claim(&store, &id, b"fp", owner).await;
+        store
+            .complete(&id, owner, Bytes::from(vec![1u8; size]), LONG)
+            .await
+            .expect("complete");
+        assert_eq!(relay.take_requests(), fresh, "a fresh request, {key}");
+        assert!(matches!(
+            claim(&store, &id, b"fp", FencingToken::random()).await,
+            Claim::Completed { .. }
+        ));
+        assert_eq!(relay.take_requests(), replay, "a replay, {key}");
+    }
+    let (id, owner) = (RecordId::new("counted", "running"), FencingToken::random());
+    claim(&store, &id, b"fp", owner).await;
+    relay.take_requests();
+    assert!(matches!(
+        claim(&store, &id, b"fp", FencingToken::random()).await,
+        Claim::InProgress { .. }
+    ));
+    assert_eq!(
+        relay.take_requests(),
+        "PutItem=1",
+        "a duplicate of a running request"
+    );
 }

@@ -23,20 +23,23 @@
 //!
 //! Stores: [`MemoryStore`] (embedded, the default); `SqliteStore` (feature `sqlite`,
 //! embedded and durable); `RedisStore` (feature `redis`, shared); `PostgresStore`
-//! (feature `postgres`, shared and durable); `DynamoStore` (feature `dynamodb`, shared,
-//! on Amazon DynamoDB). [`open`] picks one by connection string.
+//! (feature `postgres`, shared and durable); `MySqlStore` (feature `mysql`, shared and
+//! durable, MySQL or MariaDB); `DynamoStore` (feature `dynamodb`, shared, on Amazon
+//! DynamoDB). [`open`] picks one by connection string.
 
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod open;
-#[cfg(feature = "dynamodb")]
+#[cfg(any(feature = "mysql", feature = "dynamodb"))]
 mod pending_v2;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -55,6 +58,8 @@ pub use aws_sdk_dynamodb;
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::{DynamoStore, DynamoStoreBuilder};
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlStore, MySqlStoreBuilder};
 pub use open::{OpenError, open};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};

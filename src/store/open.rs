@@ -13,6 +13,7 @@ use super::{MemoryStore, Store, StoreError};
 /// | `redis://[:password@]host[:port][/db]`, `rediss://...` | `RedisStore` | `redis` |
 /// | `postgres://user[:password]@host[:port]/database` (or `postgresql://`) | `PostgresStore` | `postgres` |
 /// | `sqlite://PATH` (`sqlite:///abs/path` or `sqlite://relative/path`) | `SqliteStore` | `sqlite` |
+/// | `mysql://user[:password]@host[:port]/database` (or `mariadb://`) | `MySqlStore` | `mysql` |
 /// | `dynamodb://[KEY_ID:SECRET@]TABLE?region=REGION[&endpoint=URL]` | `DynamoStore` (table created if missing; see `DynamoStore::from_url` for credentials) | `dynamodb` |
 ///
 /// Each store is built with its defaults; use its builder (key prefix, table name, pool
@@ -39,10 +40,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
         "redis" | "rediss" => open_redis(url).await,
         "postgres" | "postgresql" => open_postgres(url).await,
         "sqlite" => open_sqlite(url).await,
+        "mysql" | "mariadb" => open_mysql(url).await,
         "dynamodb" => open_dynamodb(url).await,
         _ => Err(OpenError::unsupported(format!(
             "unknown store URL scheme {scheme:?}: use memory, redis://, postgres://, \
-             sqlite://PATH or dynamodb://TABLE"
+             sqlite://PATH, mysql:// or dynamodb://TABLE"
         ))),
     }
 }
@@ -85,6 +87,18 @@ async fn open_sqlite(url: &str) -> Result<Arc<dyn Store>, OpenError> {
     Err(OpenError::missing_feature(url, "sqlite"))
 }
 
+#[cfg(feature = "mysql")]
+async fn open_mysql(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let store = super::MySqlStore::connect(url).await?;
+    store.migrate().await?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn open_mysql(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::missing_feature(url, "mysql"))
+}
+
 #[cfg(feature = "dynamodb")]
 async fn open_dynamodb(url: &str) -> Result<Arc<dyn Store>, OpenError> {
     let store = super::DynamoStore::from_url(url)?;
@@ -121,6 +135,7 @@ impl OpenError {
             feature = "redis",
             feature = "postgres",
             feature = "sqlite",
+            feature = "mysql",
             feature = "dynamodb"
         ),
         allow(dead_code)

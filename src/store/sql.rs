@@ -1,4 +1,4 @@
-//! What the SQL stores (PostgreSQL, SQLite) share: table names and conversions.
+//! What the SQL stores (PostgreSQL, SQLite, MySQL) share: table names and conversions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use super::{Claim, StoreError};
 pub(crate) struct TableName {
     quoted: String,
     /// The unqualified name, for naming the table's index.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     base: String,
 }
 
@@ -48,7 +49,14 @@ impl TableName {
         &self.quoted
     }
 
+    /// The name quoted for MySQL: `` `table` `` or `` `schema`.`table` ``.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn backquoted(&self) -> String {
+        self.quoted().replace('"', "`")
+    }
+
     /// `"<table>_<suffix>"`, unqualified.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn index_name(&self, suffix: &str) -> String {
         format!("\"{}_{suffix}\"", self.base)
     }
@@ -58,6 +66,7 @@ impl TableName {
 /// claim's value when the existing row has `expired`, and keeps its own otherwise, so the
 /// statement returns the live row unchanged (see the PostgreSQL store's docs).
 /// `old` qualifies the existing row's columns (`r.` or empty).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn claim_sets(expired: &str, old: &str) -> String {
     [
         ("taken_over", format!("{old}payload IS NULL")),
@@ -70,6 +79,19 @@ pub(crate) fn claim_sets(expired: &str, old: &str) -> String {
     .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {old}{col} END"))
     .collect::<Vec<_>>()
     .join(",\n  ")
+}
+
+/// Like [`claim_sets`], for any columns, in the order given: each `(column, new)` takes
+/// `new` when the existing row has `expired` and keeps its own value otherwise. MySQL
+/// evaluates the assignments of one `UPDATE` left to right, each seeing the ones
+/// before, so the columns that `expired` reads go last.
+#[cfg(feature = "mysql")]
+pub(crate) fn takeover_sets(expired: &str, columns: &[(&str, &str)]) -> String {
+    columns
+        .iter()
+        .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {col} END"))
+        .collect::<Vec<_>>()
+        .join(",\n  ")
 }
 
 /// Reads the row returned by the claim statement: columns `won`, `taken_over`,
