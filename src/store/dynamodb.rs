@@ -1,96 +1,4 @@
-//! The shared store on Amazon DynamoDB (feature `dynamodb`).
-//!
-//! # Table
-//!
-//! One table (default `idemkey_records`) whose partition key is `id`, a binary attribute,
-//! with no sort key, and with DynamoDB's Time to Live on the number attribute `ttl`.
-//! [`DynamoStore::create_table`] creates it (on-demand capacity) and turns TTL on, or
-//! does it yourself:
-//!
-//! ```sh
-//! aws dynamodb create-table --table-name idemkey_records \
-//!     --attribute-definitions AttributeName=id,AttributeType=B \
-//!     --key-schema AttributeName=id,KeyType=HASH --billing-mode PAY_PER_REQUEST
-//! aws dynamodb update-time-to-live --table-name idemkey_records \
-//!     --time-to-live-specification Enabled=true,AttributeName=ttl
-//! ```
-//!
-//! A record is one item:
-//!
-//! | attribute | type | holds |
-//! |---|---|---|
-//! | `id` | B | the [`RecordId`] (32 bytes: SHA-256 of scope and key; raw keys are never stored) |
-//! | `state` | S | `in_progress` or `completed` |
-//! | `fingerprint` | B | the claim's fingerprint |
-//! | `token` | B | the owner's [`FencingToken`] (in progress only) |
-//! | `created` | N | when the claim was made, in milliseconds since the Unix epoch |
-//! | `expires` | N | end of the lease (in progress) or of the retention (completed), in ms |
-//! | `keep_until` | N | end of the item's life, in ms: `expires` for a completed record, the lease plus a retention for a claim (so that a takeover is told apart from a fresh claim) |
-//! | `ttl` | N | `keep_until` in seconds, for DynamoDB's TTL |
-//! | `keep_ms`, `keep_s` | N, N | how long a claim is kept past its lease, in ms and s (so that a renewal keeps it too) |
-//! | `payload` | B | the completed payload, when it fits in the item |
-//! | `chunks`, `payload_len`, `write` | N, N, B | a payload kept in chunk items instead (below) |
-//!
-//! # Operations
-//!
-//! - **Claim**: one conditional `PutItem` (condition `attribute_not_exists(id) OR expires
-//!   <= :now`) with `ReturnValues = ALL_OLD` and `ReturnValuesOnConditionCheckFailure =
-//!   ALL_OLD`. The claim that wins learns from the old item whether it took a lease
-//!   over; a claim that loses gets the live item in the failure reply: one round trip
-//!   either way (plus the chunk reads of a chunked payload).
-//! - **Complete, renew, release**: `UpdateItem`/`DeleteItem` conditional on
-//!   `token = :token AND state = in_progress AND expires > :now`, so a stale owner
-//!   changes nothing and gets [`StoreError::is_fenced`].
-//! - Expired items count as absent at once (every condition compares with `expires`);
-//!   DynamoDB's TTL deletes them later (typically within days), so [`Store::sweep`] has
-//!   nothing to do and returns `Ok(0)`.
-//! - Reads (the chunks of a payload) are strongly consistent.
-//!
-//! A fresh request costs 2 requests (claim, complete), a replay 1.
-//!
-//! The SDK retries a request whose answer was lost; a retried claim or completion
-//! recognises its own earlier success (the token it wrote, the completion id it wrote)
-//! instead of reporting a conflict.
-//!
-//! # The clock
-//!
-//! DynamoDB conditions cannot read a server clock: the time in every condition is this
-//! process's wall clock (`SystemTime`), passed as a value. Leases are therefore decided
-//! by the clocks of the application's instances, and a clock that runs ahead by `d`
-//! takes a lease over `d` early: with skewed clocks the store can let a second request
-//! run while the first one's lease still has up to `d` left (by the first one's clock).
-//! Keep the instances' clocks synchronised (NTP, as on AWS compute by default: skew is
-//! then in milliseconds) and leases much longer than any skew you expect; the engine's
-//! default lease (seconds) renewed every third of it leaves ample margin.
-//!
-//! # Items over 400 KB
-//!
-//! DynamoDB refuses items over 400 KB. A payload over 256 KiB is therefore kept in
-//! chunk items of up to 256 KiB each (key: the record id, a completion id and the chunk
-//! number), written before the completion that names them, with the record's `ttl`; the
-//! record then holds the chunk count, the payload's length and the completion id. A
-//! claim that finds such a record reads the chunks (strongly consistent, several at a
-//! time). There is no size limit of the store's own, but every KB is a write unit
-//! (1 MiB costs about 1,000 write units, and 128 read units per replay): keep the
-//! verifier's stored-response limit (1 MiB by default) as low as your responses allow.
-//! Chunks left by a completion that was fenced are deleted, and expire by TTL in any
-//! case. Fingerprints are limited to 16 KiB (the engine's are 33 bytes).
-//!
-//! # Global tables
-//!
-//! In a global table's default mode (multi-Region eventual consistency) a conditional
-//! write is checked against the Region's own replica only, and concurrent writes in two
-//! Regions are settled by "last writer wins": two requests with the same key, claimed in
-//! two Regions at once, would both run. Home the records to one Region: every instance
-//! of the application uses the same Region's endpoint for this table (and moves to
-//! another Region only as a deliberate failover). A table with multi-Region strong
-//! consistency evaluates conditions across Regions and can take claims anywhere.
-//!
-//! # Permissions
-//!
-//! `dynamodb:PutItem`, `UpdateItem`, `DeleteItem` and `GetItem` on the table; for
-//! [`DynamoStore::create_table`] also `CreateTable`, `DescribeTable`,
-//! `UpdateTimeToLive` and `DescribeTimeToLive`; for listing stuck keys `Scan`.
+//! The shared store on Amazon DynamoDB (feature `dynamodb`). See [`DynamoStore`].
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -158,8 +66,8 @@ const COMPLETED: &str = "completed";
 ///
 /// Cheap to clone (clones share the SDK client). Throttling, timeouts and unreachable
 /// endpoints are [`StoreError::is_unavailable`] once the SDK's own retries are spent,
-/// so the verifier answers 503 and resumes by itself. See the [module docs](self) for
-/// the table, the clock and the item size limit.
+/// so the verifier answers 503 and resumes by itself. Below: the table,
+/// the operations, the clock, items over 400 KB, global tables and permissions.
 ///
 /// Build it from an SDK client you configured (credentials, region, retries), usually
 /// with `aws-config`, or from a connection string with [`DynamoStore::from_url`]:
@@ -176,6 +84,98 @@ const COMPLETED: &str = "completed";
 /// store.create_table().await?; // once, or in your infrastructure code
 /// # Ok(()) }
 /// ```
+///
+/// # Table
+///
+/// One table (default `idemkey_records`) whose partition key is `id`, a binary attribute,
+/// with no sort key, and with DynamoDB's Time to Live on the number attribute `ttl`.
+/// [`DynamoStore::create_table`] creates it (on-demand capacity) and turns TTL on, or
+/// does it yourself:
+///
+/// ```sh
+/// aws dynamodb create-table --table-name idemkey_records \
+///     --attribute-definitions AttributeName=id,AttributeType=B \
+///     --key-schema AttributeName=id,KeyType=HASH --billing-mode PAY_PER_REQUEST
+/// aws dynamodb update-time-to-live --table-name idemkey_records \
+///     --time-to-live-specification Enabled=true,AttributeName=ttl
+/// ```
+///
+/// A record is one item:
+///
+/// | attribute | type | holds |
+/// |---|---|---|
+/// | `id` | B | the [`RecordId`] (32 bytes: SHA-256 of scope and key; raw keys are never stored) |
+/// | `state` | S | `in_progress` or `completed` |
+/// | `fingerprint` | B | the claim's fingerprint |
+/// | `token` | B | the owner's [`FencingToken`] (in progress only) |
+/// | `created` | N | when the claim was made, in milliseconds since the Unix epoch |
+/// | `expires` | N | end of the lease (in progress) or of the retention (completed), in ms |
+/// | `keep_until` | N | end of the item's life, in ms: `expires` for a completed record, the lease plus a retention for a claim (so that a takeover is told apart from a fresh claim) |
+/// | `ttl` | N | `keep_until` in seconds, for DynamoDB's TTL |
+/// | `keep_ms`, `keep_s` | N, N | how long a claim is kept past its lease, in ms and s (so that a renewal keeps it too) |
+/// | `payload` | B | the completed payload, when it fits in the item |
+/// | `chunks`, `payload_len`, `write` | N, N, B | a payload kept in chunk items instead (below) |
+///
+/// # Operations
+///
+/// - **Claim**: one conditional `PutItem` (condition `attribute_not_exists(id) OR expires
+///   <= :now`) with `ReturnValues = ALL_OLD` and `ReturnValuesOnConditionCheckFailure =
+///   ALL_OLD`. The claim that wins learns from the old item whether it took a lease
+///   over; a claim that loses gets the live item in the failure reply: one round trip
+///   either way (plus the chunk reads of a chunked payload).
+/// - **Complete, renew, release**: `UpdateItem`/`DeleteItem` conditional on
+///   `token = :token AND state = in_progress AND expires > :now`, so a stale owner
+///   changes nothing and gets [`StoreError::is_fenced`].
+/// - Expired items count as absent at once (every condition compares with `expires`);
+///   DynamoDB's TTL deletes them later (typically within days), so [`Store::sweep`] has
+///   nothing to do and returns `Ok(0)`.
+/// - Reads (the chunks of a payload) are strongly consistent.
+///
+/// A fresh request costs 2 requests (claim, complete), a replay 1.
+///
+/// The SDK retries a request whose answer was lost; a retried claim or completion
+/// recognises its own earlier success (the token it wrote, the completion id it wrote)
+/// instead of reporting a conflict.
+///
+/// # The clock
+///
+/// DynamoDB conditions cannot read a server clock: the time in every condition is this
+/// process's wall clock (`SystemTime`), passed as a value. Leases are therefore decided
+/// by the clocks of the application's instances, and a clock that runs ahead by `d`
+/// takes a lease over `d` early: with skewed clocks the store can let a second request
+/// run while the first one's lease still has up to `d` left (by the first one's clock).
+/// Keep the instances' clocks synchronised (NTP, as on AWS compute by default: skew is
+/// then in milliseconds) and leases much longer than any skew you expect; the engine's
+/// default lease (seconds) renewed every third of it leaves ample margin.
+///
+/// # Items over 400 KB
+///
+/// DynamoDB refuses items over 400 KB. A payload over 256 KiB is therefore kept in
+/// chunk items of up to 256 KiB each (key: the record id, a completion id and the chunk
+/// number), written before the completion that names them, with the record's `ttl`; the
+/// record then holds the chunk count, the payload's length and the completion id. A
+/// claim that finds such a record reads the chunks (strongly consistent, several at a
+/// time). There is no size limit of the store's own, but every KB is a write unit
+/// (1 MiB costs about 1,000 write units, and 128 read units per replay): keep the
+/// verifier's stored-response limit (1 MiB by default) as low as your responses allow.
+/// Chunks left by a completion that was fenced are deleted, and expire by TTL in any
+/// case. Fingerprints are limited to 16 KiB (the engine's are 33 bytes).
+///
+/// # Global tables
+///
+/// In a global table's default mode (multi-Region eventual consistency) a conditional
+/// write is checked against the Region's own replica only, and concurrent writes in two
+/// Regions are settled by "last writer wins": two requests with the same key, claimed in
+/// two Regions at once, would both run. Home the records to one Region: every instance
+/// of the application uses the same Region's endpoint for this table (and moves to
+/// another Region only as a deliberate failover). A table with multi-Region strong
+/// consistency evaluates conditions across Regions and can take claims anywhere.
+///
+/// # Permissions
+///
+/// `dynamodb:PutItem`, `UpdateItem`, `DeleteItem` and `GetItem` on the table; for
+/// [`DynamoStore::create_table`] also `CreateTable`, `DescribeTable`,
+/// `UpdateTimeToLive` and `DescribeTimeToLive`; for listing stuck keys `Scan`.
 #[derive(Clone)]
 pub struct DynamoStore {
     client: Client,
@@ -1175,7 +1175,7 @@ mod tests {
                     token,
                     lease,
                 },
-                SHORT,
+                LONG,
             )
             .await
             .expect("claim")
@@ -1235,12 +1235,20 @@ mod tests {
     async fn an_abandoned_claim_is_kept_past_its_lease_for_the_retention() {
         let moto = moto::MotoServer::start();
         let store = store(&moto, "v2_abandoned").await;
-        claim(&store, &id("k"), FencingToken::random(), SHORT).await;
+        // The store reads its clock after `before` and before `claimed`.
+        let before = tokio::time::Instant::now();
+        let req = ClaimRequest {
+            id: &id("k"),
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease: SHORT,
+        };
+        store.claim_keeping(req, SHORT).await.expect("claim");
         let claimed = tokio::time::Instant::now();
         tokio::time::sleep_until(claimed + SHORT + Duration::from_millis(25)).await;
         // Lease over, retention not (unless this machine stalled for 300 ms).
         let shown = store.inspect(&id("k")).await.expect("inspect");
-        if tokio::time::Instant::now() < claimed + SHORT + SHORT {
+        if tokio::time::Instant::now() < before + SHORT + SHORT {
             let info = shown.expect("an abandoned claim is still shown");
             assert_eq!(info.state, RecordState::InProgress);
             assert!(
@@ -1248,7 +1256,7 @@ mod tests {
                 "with its lease in the past"
             );
         }
-        let deadline = claimed + Duration::from_secs(10);
+        let deadline = before + Duration::from_secs(10);
         while store.inspect(&id("k")).await.expect("inspect").is_some() {
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -1257,8 +1265,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         assert!(
-            tokio::time::Instant::now() >= claimed + SHORT + SHORT,
-            "removed too early"
+            tokio::time::Instant::now() >= before + SHORT + SHORT,
+            "removed before lease + retention"
         );
     }
 

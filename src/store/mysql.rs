@@ -1,61 +1,4 @@
-//! The shared durable store on MySQL or MariaDB (feature `mysql`).
-//!
-//! # Schema
-//!
-//! One InnoDB table (default `idemkey_records`), created by [`MySqlStore::migrate`] or
-//! by your own migrations from [`MySqlStore::schema_sql`]:
-//!
-//! ```sql
-//! CREATE TABLE IF NOT EXISTS `idemkey_records` (
-//!     id          BINARY(32)  NOT NULL PRIMARY KEY, -- RecordId: SHA-256 of scope and key
-//!     fingerprint BLOB        NOT NULL,
-//!     token       BINARY(16)  NULL,                 -- the owner's token while in progress
-//!     payload     LONGBLOB    NULL,                 -- set once completed
-//!     completed   BOOLEAN     NOT NULL DEFAULT FALSE,
-//!     taken_over  BOOLEAN     NOT NULL DEFAULT FALSE,
-//!     created_at  DATETIME(6) NOT NULL,             -- when the claim was made (UTC)
-//!     expires_at  DATETIME(6) NOT NULL,             -- lease end, or retention end (UTC)
-//!     purge_at    DATETIME(6) NOT NULL,             -- end of the row's life (UTC)
-//!     KEY purge_at (purge_at),
-//!     KEY open_claims (completed, created_at)
-//! ) ENGINE = InnoDB
-//! ```
-//!
-//! `purge_at` is `expires_at` for a completed record; for a claim it is the lease plus
-//! a retention, so that an abandoned claim stays visible (and a takeover is told apart
-//! from a fresh claim) until [`Store::sweep`] deletes it.
-//!
-//! # Statements
-//!
-//! The claim is one `INSERT ... ON DUPLICATE KEY UPDATE`: a new id inserts the claim;
-//! on an existing id every column takes the claim's value when the row has expired
-//! (`expires_at <= UTC_TIMESTAMP(6)`) and keeps its own otherwise (each assignment is
-//! `CASE WHEN <expired> THEN <new> ELSE <old> END`; `expires_at`, which the condition
-//! reads, is assigned last, as MySQL applies assignments left to right).
-//!
-//! - **MariaDB 10.5 and later** end the statement with `RETURNING`, which gives the row
-//!   as it stands after the statement: the claim won when the row holds its token, and
-//!   otherwise the row is the live record (in progress or completed). One statement,
-//!   one round trip, for every outcome.
-//! - **MySQL** has no `RETURNING`: the same `INSERT` and a `SELECT` of the row go
-//!   together in one multi-statement query (text protocol, binary values as hex
-//!   literals), still one round trip. Between the two, only the row's owner could have
-//!   changed it (completed or released it): the `SELECT` then reads that newer state,
-//!   or no row, and the claim starts over.
-//!
-//! A claim on a live record changes nothing, but it is still an `INSERT`: it takes the
-//! row's lock for the statement, so concurrent replays of one key queue briefly on it.
-//!
-//! Complete, renew and release are `UPDATE`/`DELETE ... WHERE id = ? AND token = ? AND
-//! completed = FALSE AND expires_at > UTC_TIMESTAMP(6)`: a stale token matches no row.
-//! Every time decision uses the database's clock (`UTC_TIMESTAMP(6)`, whatever the
-//! session's time zone), so all instances agree on one clock.
-//!
-//! A fresh request costs 2 statements (claim, complete), a replay 1 (counted with the
-//! server's `Com_*` status counters in the tests). Expired rows count as absent at once;
-//! schedule their deletion with [`spawn_sweeper`](super::spawn_sweeper). Payloads are
-//! limited by the server's `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on
-//! MySQL 8); the verifier stores responses up to 1 MiB by default.
+//! The shared durable store on MySQL or MariaDB (feature `mysql`). See [`MySqlStore`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -96,8 +39,8 @@ enum Dialect {
 ///
 /// Cheap to clone (clones share one connection pool). Connection failures and pool
 /// timeouts are [`StoreError::is_unavailable`], so the verifier answers 503 while the
-/// database is down and resumes by itself when it is back. See the
-/// [module docs](self) for the schema and the statements.
+/// database is down and resumes by itself when it is back. Below: the schema and the
+/// statements.
 ///
 /// ```no_run
 /// use idemkey::store::MySqlStore;
@@ -109,6 +52,63 @@ enum Dialect {
 /// store.migrate().await?; // CREATE TABLE IF NOT EXISTS ...
 /// # Ok(()) }
 /// ```
+///
+/// # Schema
+///
+/// One InnoDB table (default `idemkey_records`), created by [`MySqlStore::migrate`] or
+/// by your own migrations from [`MySqlStore::schema_sql`]:
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS `idemkey_records` (
+///     id          BINARY(32)  NOT NULL PRIMARY KEY, -- RecordId: SHA-256 of scope and key
+///     fingerprint BLOB        NOT NULL,
+///     token       BINARY(16)  NULL,                 -- the owner's token while in progress
+///     payload     LONGBLOB    NULL,                 -- set once completed
+///     completed   BOOLEAN     NOT NULL DEFAULT FALSE,
+///     taken_over  BOOLEAN     NOT NULL DEFAULT FALSE,
+///     created_at  DATETIME(6) NOT NULL,             -- when the claim was made (UTC)
+///     expires_at  DATETIME(6) NOT NULL,             -- lease end, or retention end (UTC)
+///     purge_at    DATETIME(6) NOT NULL,             -- end of the row's life (UTC)
+///     KEY purge_at (purge_at),
+///     KEY open_claims (completed, created_at)
+/// ) ENGINE = InnoDB
+/// ```
+///
+/// `purge_at` is `expires_at` for a completed record; for a claim it is the lease plus
+/// a retention, so that an abandoned claim stays visible (and a takeover is told apart
+/// from a fresh claim) until [`Store::sweep`] deletes it.
+///
+/// # Statements
+///
+/// The claim is one `INSERT ... ON DUPLICATE KEY UPDATE`: a new id inserts the claim;
+/// on an existing id every column takes the claim's value when the row has expired
+/// (`expires_at <= UTC_TIMESTAMP(6)`) and keeps its own otherwise (each assignment is
+/// `CASE WHEN <expired> THEN <new> ELSE <old> END`; `expires_at`, which the condition
+/// reads, is assigned last, as MySQL applies assignments left to right).
+///
+/// - **MariaDB 10.5 and later** end the statement with `RETURNING`, which gives the row
+///   as it stands after the statement: the claim won when the row holds its token, and
+///   otherwise the row is the live record (in progress or completed). One statement,
+///   one round trip, for every outcome.
+/// - **MySQL** has no `RETURNING`: the same `INSERT` and a `SELECT` of the row go
+///   together in one multi-statement query (text protocol, binary values as hex
+///   literals), still one round trip. Between the two, only the row's owner could have
+///   changed it (completed or released it): the `SELECT` then reads that newer state,
+///   or no row, and the claim starts over.
+///
+/// A claim on a live record changes nothing, but it is still an `INSERT`: it takes the
+/// row's lock for the statement, so concurrent replays of one key queue briefly on it.
+///
+/// Complete, renew and release are `UPDATE`/`DELETE ... WHERE id = ? AND token = ? AND
+/// completed = FALSE AND expires_at > UTC_TIMESTAMP(6)`: a stale token matches no row.
+/// Every time decision uses the database's clock (`UTC_TIMESTAMP(6)`, whatever the
+/// session's time zone), so all instances agree on one clock.
+///
+/// A fresh request costs 2 statements (claim, complete), a replay 1 (counted with the
+/// server's `Com_*` status counters in the tests). Expired rows count as absent at once;
+/// schedule their deletion with [`spawn_sweeper`](super::spawn_sweeper). Payloads are
+/// limited by the server's `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on
+/// MySQL 8); the verifier stores responses up to 1 MiB by default.
 #[derive(Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
@@ -672,7 +672,7 @@ mod tests {
                     token,
                     lease,
                 },
-                SHORT,
+                LONG,
             )
             .await
             .expect("claim")
@@ -769,11 +769,19 @@ mod tests {
     async fn an_abandoned_claim_is_kept_past_its_lease_for_the_retention() {
         let table = Table::new(|b| b).await;
         let store = &table.store;
-        claim(store, &id("k"), FencingToken::random(), SHORT).await;
+        // The store reads its clock after `before` and before `claimed`.
+        let before = tokio::time::Instant::now();
+        let req = ClaimRequest {
+            id: &id("k"),
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease: SHORT,
+        };
+        store.claim_keeping(req, SHORT).await.expect("claim");
         let claimed = tokio::time::Instant::now();
         tokio::time::sleep_until(claimed + SHORT + Duration::from_millis(25)).await;
         let shown = store.inspect(&id("k")).await.expect("inspect");
-        if tokio::time::Instant::now() < claimed + SHORT + SHORT {
+        if tokio::time::Instant::now() < before + SHORT + SHORT {
             let info = shown.expect("an abandoned claim is still shown");
             assert_eq!(info.state, RecordState::InProgress);
             assert!(info.expires < SystemTime::now() + Duration::from_secs(60));
@@ -783,7 +791,7 @@ mod tests {
                 "not swept within the retention"
             );
         }
-        let deadline = claimed + Duration::from_secs(10);
+        let deadline = before + Duration::from_secs(10);
         while store.inspect(&id("k")).await.expect("inspect").is_some() {
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -792,8 +800,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         assert!(
-            tokio::time::Instant::now() >= claimed + SHORT + SHORT,
-            "removed too early"
+            tokio::time::Instant::now() >= before + SHORT + SHORT,
+            "removed before lease + retention"
         );
         assert_eq!(
             store.sweep().await.expect("sweep"),
