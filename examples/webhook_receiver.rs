@@ -40,8 +40,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hmac::{Hmac, KeyInit, Mac};
 use http::{HeaderMap, StatusCode, header};
+use idemkey::protocol::problem::{PROBLEM_JSON, TYPE_PREFIX};
+use idemkey::server::Engine;
 use idemkey::server::webhook::{Preset, StandardWebhooksVerifier};
-use idemkey::server::{Engine, PROBLEM_JSON, PROBLEM_TYPE_PREFIX};
 use idemkey::store::Store;
 use sha2::Sha256;
 
@@ -200,7 +201,7 @@ fn is_length_limit(e: &axum::Error) -> bool {
 
 fn problem(status: StatusCode, case: &str, title: &str, detail: &str) -> Response {
     let body = serde_json::json!({
-        "type": format!("{PROBLEM_TYPE_PREFIX}{case}"),
+        "type": format!("{TYPE_PREFIX}{case}"),
         "title": title,
         "status": status.as_u16(),
         "detail": detail,

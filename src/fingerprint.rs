@@ -139,8 +139,7 @@ impl Hasher {
 
     fn field(&mut self, tag: u8, bytes: &[u8]) {
         self.0.update([tag]);
-        self.0.update((bytes.len() as u64).to_be_bytes());
-        self.0.update(bytes);
+        crate::framing::field(&mut self.0, bytes);
     }
 
     fn finish(self) -> Fingerprint {

@@ -137,10 +137,9 @@ impl IdempotencyKey {
         let canonical = serde_json_canonicalizer::to_vec(payload).map_err(|e| InvalidKey {
             reason: Reason::Payload(e.to_string()),
         })?;
-        // Length-prefix the operation so that ("ab", "c...") and ("a", "bc...") differ.
+        // The operation is framed so that ("ab", "c...") and ("a", "bc...") differ.
         let mut name = Vec::with_capacity(8 + operation.len() + canonical.len());
-        name.extend_from_slice(&(operation.len() as u64).to_be_bytes());
-        name.extend_from_slice(operation.as_bytes());
+        crate::framing::field(&mut name, operation.as_bytes());
         name.extend_from_slice(&canonical);
         Ok(Self::v5(namespace, &name))
     }
@@ -176,10 +175,9 @@ impl IdempotencyKey {
             return Self::new(s.as_str());
         }
         validate(trimmed)?;
-        // validate() proved every byte is visible ASCII, hence valid UTF-8.
-        let s = std::str::from_utf8(trimmed).map_err(|_| InvalidKey {
-            reason: Reason::Empty,
-        })?;
+        #[allow(clippy::expect_used)]
+        let s = std::str::from_utf8(trimmed)
+            .expect("validate() proved every byte visible ASCII, which is valid UTF-8");
         Ok(Self(Arc::from(s)))
     }
 
@@ -192,8 +190,9 @@ impl IdempotencyKey {
     /// The bare header form the client sends.
     #[must_use]
     pub fn to_header_value(&self) -> HeaderValue {
-        // Visible ASCII is always a valid header value.
-        HeaderValue::from_str(&self.0).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+        #[allow(clippy::expect_used)]
+        HeaderValue::from_str(&self.0)
+            .expect("a key is validated visible ASCII, and visible ASCII is a valid header value")
     }
 
     fn from_uuid(uuid: Uuid) -> Self {
@@ -375,6 +374,28 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_ne!(k, other);
+    }
+
+    #[test]
+    fn every_valid_key_is_its_own_header_value() {
+        // The header form is built from the validated characters, never a stand-in.
+        let all: String = (0x21u8..=0x7e).map(char::from).collect();
+        for key in [all.as_str(), "a", &"z".repeat(255)] {
+            let k = IdempotencyKey::new(key).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(k.to_header_value().as_bytes(), key.as_bytes());
+            assert_eq!(
+                IdempotencyKey::from_header_value(&k.to_header_value()),
+                Ok(k)
+            );
+        }
+    }
+
+    #[test]
+    fn a_non_utf8_value_is_reported_as_a_bad_byte_not_as_empty() {
+        let Err(err) = IdempotencyKey::from_wire(b"ab\xc3\xa9") else {
+            panic!("non-ASCII bytes are refused");
+        };
+        assert!(err.to_string().contains("byte 0xc3 at position 2"), "{err}");
     }
 
     #[test]

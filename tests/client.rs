@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use idemkey::IdempotencyKey;
 use idemkey::client::{
-    Attempt, ClientBuilder, Error, HeaderPreset, IdempotencyKeyMiddleware, RequestBuilderExt,
-    ResponseExt,
+    Attempt, ClientBuilder, Error, IdempotencyKeyMiddleware, RequestBuilderExt, ResponseExt,
+    RetryMiddleware,
 };
+use idemkey::protocol::KeyHeader;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_retry::RetryTransientMiddleware;
 use retry_policies::policies::ExponentialBackoff;
@@ -543,7 +544,7 @@ async fn key_middleware_outside_reqwest_retry_reuses_the_key() {
 async fn header_presets() {
     let server = Recorder::with_header("paypal-request-id", []).await;
     let client = ClientBuilder::new(reqwest::Client::new())
-        .header_preset(HeaderPreset::PayPal)
+        .key_header(KeyHeader::PayPal)
         .build();
     client
         .post(server.url("/v2/payments"))
@@ -556,11 +557,14 @@ async fn header_presets() {
     );
 }
 
-/// A fault injector added with `with_inner`: drops the first attempt's connection.
-struct DropFirstAttempt;
+/// An inner middleware: checks that it sees the key on every attempt, and fails the
+/// first one with an error of its own (not a transport error) when asked to.
+struct SeesTheKey {
+    fail_first: bool,
+}
 
 #[async_trait::async_trait]
-impl reqwest_middleware::Middleware for DropFirstAttempt {
+impl reqwest_middleware::Middleware for SeesTheKey {
     async fn handle(
         &self,
         req: reqwest::Request,
@@ -571,9 +575,9 @@ impl reqwest_middleware::Middleware for DropFirstAttempt {
             req.headers().contains_key("idempotency-key"),
             "inner middlewares see the key"
         );
-        if Attempt::get(ext).map(Attempt::number) == Some(1) {
-            let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected reset");
-            return Err(reqwest_middleware::Error::middleware(reset));
+        if self.fail_first && Attempt::get(ext).map(Attempt::number) == Some(1) {
+            let own = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "my own error");
+            return Err(reqwest_middleware::Error::middleware(own));
         }
         next.run(req, ext).await
     }
@@ -582,15 +586,75 @@ impl reqwest_middleware::Middleware for DropFirstAttempt {
 #[tokio::test]
 async fn inner_middleware_runs_per_attempt() {
     let server = Recorder::start([]).await;
+    // A genuine connection reset on the first attempt, from the fault injector.
+    let reset_first = idemkey::testing::FaultInjector::new(|shot| {
+        if shot.key_attempt == 0 {
+            idemkey::testing::Fault::Reset
+        } else {
+            idemkey::testing::Fault::None
+        }
+    });
     let client = ClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(3))
-        .with_inner(DropFirstAttempt)
+        .with_inner(SeesTheKey { fail_first: false })
+        .with_inner(reset_first)
         .build();
     let response = post_charge(&client, &server)
         .await
         .expect("the second attempt gets through");
     assert_eq!(response.idempotency().map(|i| i.attempts()), Some(2));
     assert_eq!(server.records().len(), 1, "the first attempt never left");
+}
+
+#[tokio::test]
+async fn an_inner_middlewares_own_error_is_not_retried() {
+    // Only transport errors are transient; an inner middleware's own error (even one
+    // wrapping an I/O error) is its verdict, as `reqwest_retry` classifies it.
+    let server = Recorder::start([]).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(3))
+        .with_inner(SeesTheKey { fail_first: true })
+        .build();
+    let err = post_charge(&client, &server)
+        .await
+        .expect_err("the inner middleware failed the only attempt");
+    let e = ours(&err);
+    assert!(e.is_outcome_unknown(), "{e}");
+    assert_eq!(e.attempts(), 1);
+    assert!(e.key().is_some(), "the error carries the key");
+    assert!(server.records().is_empty(), "nothing reached the server");
+}
+
+#[tokio::test]
+async fn retry_middleware_alone_rejects_an_invalid_key_header_before_sending() {
+    // One resolver for both middlewares: the retry middleware used to drop an invalid
+    // header silently (and send the request once, unkeyed).
+    let server = Recorder::start([]).await;
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new().policy(fast(3)))
+        .build();
+    let err = client
+        .post(server.url("/charges"))
+        .header("idempotency-key", "has space")
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("an invalid key is refused");
+    let e = ours(&err);
+    assert!(e.is_invalid_key(), "{e}");
+    assert_eq!(e.attempts(), 0);
+    assert!(server.records().is_empty(), "nothing was sent");
+}
+
+#[tokio::test]
+async fn retry_middleware_alone_attaches_keys_and_retries_with_them() {
+    let server = Recorder::start([Reply::status(503).retry_after("0"), Reply::ok()]).await;
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new().policy(fast(3)))
+        .build();
+    let response = post_charge(&client, &server).await.expect("second attempt");
+    assert_eq!(response.idempotency().map(|i| i.attempts()), Some(2));
+    single_key(&server);
 }
 
 #[tokio::test]

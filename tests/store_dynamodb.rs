@@ -1,13 +1,13 @@
 //! The DynamoDB store against moto's DynamoDB-compatible server (installed from PyPI by
 //! `support::moto`, started on a free port per test): the conformance suite, the table
 //! helper and `open`, payloads over DynamoDB's item limit, TTL attributes, expired items
-//! that DynamoDB has not deleted yet, claims from several clients, and answers lost on
-//! the wire.
+//! that DynamoDB has not deleted yet, claims from several clients, answers lost on the
+//! wire (`testing::FaultProxy`), and the requests per fresh request and per replay.
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -17,9 +17,8 @@ use idemkey::store::aws_sdk_dynamodb::types::{
     ScalarAttributeType, TimeToLiveStatus,
 };
 use idemkey::store::{Claim, ClaimRequest, DynamoStore, FencingToken, RecordId, Store};
-use idemkey::testing::conformance;
+use idemkey::testing::{Fault, FaultProxy, conformance};
 use support::moto::MotoServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -442,165 +441,83 @@ async fn claims_from_several_clients_are_atomic() {
     }
 }
 
-/// A TCP relay to moto that can lose the next answer: it forwards the request, then
-/// closes the client's connection instead of forwarding the response (the request was
-/// executed; its caller never hears). Runs until the test's runtime ends.
-struct LossyRelay {
-    port: u16,
+/// A store whose requests go through a [`FaultProxy`] in front of moto that loses the
+/// next answer when told to (the request is executed; its caller never hears).
+struct Lossy {
+    proxy: FaultProxy,
     lose_next: Arc<AtomicBool>,
-    lost: Arc<AtomicUsize>,
-    requests: Arc<std::sync::Mutex<Requests>>,
+    store: DynamoStore,
 }
 
-/// The operations of the requests a relay forwarded.
-#[derive(Default)]
-struct Requests {
-    by_operation: Vec<String>,
-}
-
-impl Requests {
-    /// Counts the complete `X-Amz-Target` headers in `seen` and drops what was read.
-    fn count(&mut self, seen: &mut Vec<u8>) {
-        const HEADER: &[u8] = b"x-amz-target: dynamodb_20120810.";
-        let lower = seen.to_ascii_lowercase();
-        let mut end = 0;
-        let mut at = 0;
-        while let Some(pos) = lower[at..].windows(HEADER.len()).position(|w| w == HEADER) {
-            let start = at + pos + HEADER.len();
-            let Some(len) = seen[start..].iter().position(|b| *b == b'\r') else {
-                break; // the rest of this header has not arrived yet
-            };
-            self.by_operation
-                .push(String::from_utf8_lossy(&seen[start..start + len]).into_owned());
-            at = start + len;
-            end = at;
-        }
-        // Keep a tail that may hold the start of a header cut by the read.
-        let keep_from = end.max(seen.len().saturating_sub(HEADER.len() + 32));
-        seen.drain(..keep_from);
-    }
-}
-
-impl LossyRelay {
-    async fn start(upstream: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let (lose_next, lost) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicUsize::new(0)),
-        );
-        let upstream = upstream.trim_start_matches("http://").to_owned();
-        let requests = Arc::new(std::sync::Mutex::new(Requests::default()));
-        let (flag, count, counts) = (
-            Arc::clone(&lose_next),
-            Arc::clone(&lost),
-            Arc::clone(&requests),
-        );
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let (upstream, flag, count) =
-                    (upstream.clone(), Arc::clone(&flag), Arc::clone(&count));
-                let requests = Arc::clone(&counts);
-                tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    let (mut client_read, mut client_write) = client.into_split();
-                    let (mut server_read, mut server_write) = server.into_split();
-                    let requests = Arc::clone(&requests);
-                    let up = tokio::spawn(async move {
-                        // Forwards requests, counting them by operation (their
-                        // `X-Amz-Target` header).
-                        let mut buf = vec![0u8; 64 * 1024];
-                        let mut seen = Vec::new();
-                        while let Ok(n @ 1..) = client_read.read(&mut buf).await {
-                            seen.extend_from_slice(&buf[..n]);
-                            requests.lock().expect("counts").count(&mut seen);
-                            if server_write.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n @ 1..) = server_read.read(&mut buf).await {
-                        if flag.swap(false, Ordering::SeqCst) {
-                            count.fetch_add(1, Ordering::SeqCst);
-                            break;
-                        }
-                        if client_write.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                    up.abort();
-                });
+impl Lossy {
+    async fn start(moto: &MotoServer, table: &str) -> Self {
+        use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
+        let upstream = moto
+            .url()
+            .trim_start_matches("http://")
+            .parse()
+            .expect("moto's address");
+        let lose_next = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&lose_next);
+        let proxy = FaultProxy::start(upstream, move |_| {
+            if flag.swap(false, Ordering::SeqCst) {
+                Fault::LoseResponse
+            } else {
+                Fault::None
             }
-        });
+        })
+        .await
+        .expect("start the fault proxy");
+        let config = DynamoStore::sdk_config("us-east-1")
+            .endpoint_url(proxy.url(""))
+            .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+            .build();
+        let store = DynamoStore::builder(Client::from_conf(config))
+            .table(table)
+            .build()
+            .expect("store");
         Self {
-            port,
+            proxy,
             lose_next,
-            lost,
-            requests,
+            store,
         }
-    }
-
-    /// The requests relayed since the last call, by operation: `"GetItem=2 PutItem=1"`.
-    fn take_requests(&self) -> String {
-        let ops = std::mem::take(&mut self.requests.lock().expect("counts").by_operation);
-        let mut counts = std::collections::BTreeMap::<String, usize>::new();
-        for op in ops {
-            *counts.entry(op).or_default() += 1;
-        }
-        let counts: Vec<String> = counts.iter().map(|(op, n)| format!("{op}={n}")).collect();
-        counts.join(" ")
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
     }
 
     fn lose_next_answer(&self) {
         self.lose_next.store(true, Ordering::SeqCst);
     }
 
-    fn lost(&self) -> usize {
-        self.lost.load(Ordering::SeqCst)
+    /// Requests that went through so far.
+    fn requests(&self) -> u64 {
+        self.proxy.stats().attempts
     }
 }
 
 #[tokio::test]
 async fn a_retried_claim_or_completion_whose_answer_was_lost_succeeds() {
-    use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
     let moto = MotoServer::start();
     let direct = support::dynamo_store(&moto, "idemkey_lossy").await;
-    let relay = LossyRelay::start(moto.url()).await;
-    let config = DynamoStore::sdk_config("us-east-1")
-        .endpoint_url(relay.url())
-        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-        .build();
-    let store = DynamoStore::builder(Client::from_conf(config))
-        .table("idemkey_lossy")
-        .build()
-        .expect("store");
+    let lossy = Lossy::start(&moto, "idemkey_lossy").await;
+    let (store, proxy) = (&lossy.store, &lossy.proxy);
     let (id, owner) = (RecordId::new("lossy", "k"), FencingToken::random());
 
-    relay.lose_next_answer();
+    lossy.lose_next_answer();
     // moto wrote the claim; its answer was lost; the SDK sent it again, and the second
     // attempt's condition failed on the claim's own item.
     assert_eq!(
-        claim(&store, &id, b"fp", owner).await,
+        claim(store, &id, b"fp", owner).await,
         Claim::Acquired { takeover: false },
         "the retried claim recognises its own success"
     );
-    assert_eq!(relay.lost(), 1, "one answer was lost");
+    assert_eq!(proxy.stats().lost_responses, 1, "one answer was lost");
+    assert_eq!(lossy.requests(), 2, "and the claim was sent again");
 
-    relay.lose_next_answer();
+    lossy.lose_next_answer();
     store
         .complete(&id, owner, Bytes::from_static(b"the outcome"), LONG)
         .await
         .expect("the retried completion recognises its own success");
-    assert_eq!(relay.lost(), 2, "another answer was lost");
+    assert_eq!(proxy.stats().lost_responses, 2, "another answer was lost");
     match claim(&direct, &id, b"x", FencingToken::random()).await {
         Claim::Completed { payload, .. } => assert_eq!(payload, "the outcome"),
         other => panic!("the record must be completed: {other:?}"),
@@ -615,52 +532,39 @@ async fn a_retried_claim_or_completion_whose_answer_was_lost_succeeds() {
 
 #[tokio::test]
 async fn requests_per_fresh_request_and_per_replay() {
-    use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
     let moto = MotoServer::start();
     support::dynamo_store(&moto, "idemkey_counted").await;
-    let relay = LossyRelay::start(moto.url()).await;
-    let config = DynamoStore::sdk_config("us-east-1")
-        .endpoint_url(relay.url())
-        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-        .build();
-    let store = DynamoStore::builder(Client::from_conf(config))
-        .table("idemkey_counted")
-        .build()
-        .expect("store");
-    for (key, size, fresh, replay) in [
-        ("small", 1000, "PutItem=1 UpdateItem=1", "PutItem=1"),
-        // Four chunks of 256 KiB: written before the completion, read after the claim.
-        (
-            "1 MiB",
-            1 << 20,
-            "PutItem=5 UpdateItem=1",
-            "GetItem=4 PutItem=1",
-        ),
-    ] {
+    let lossy = Lossy::start(&moto, "idemkey_counted").await;
+    let store = &lossy.store;
+    // Claim (PutItem) and complete (UpdateItem); a replay is the claim alone. A 1 MiB
+    // payload adds its four chunks of 256 KiB: written (PutItem) before the completion,
+    // read (GetItem) after the claim.
+    for (key, size, fresh, replay) in [("small", 1000, 2, 1), ("1 MiB", 1 << 20, 6, 5)] {
         let (id, owner) = (RecordId::new("counted", key), FencingToken::random());
-        relay.take_requests();
-        claim(&store, &id, b"fp", owner).await;
+        let start = lossy.requests();
+        claim(store, &id, b"fp", owner).await;
         store
             .complete(&id, owner, Bytes::from(vec![1u8; size]), LONG)
             .await
             .expect("complete");
-        assert_eq!(relay.take_requests(), fresh, "a fresh request, {key}");
+        assert_eq!(lossy.requests() - start, fresh, "a fresh request, {key}");
+        let start = lossy.requests();
         assert!(matches!(
-            claim(&store, &id, b"fp", FencingToken::random()).await,
+            claim(store, &id, b"fp", FencingToken::random()).await,
             Claim::Completed { .. }
         ));
-        assert_eq!(relay.take_requests(), replay, "a replay, {key}");
+        assert_eq!(lossy.requests() - start, replay, "a replay, {key}");
     }
     let (id, owner) = (RecordId::new("counted", "running"), FencingToken::random());
-    claim(&store, &id, b"fp", owner).await;
-    relay.take_requests();
+    claim(store, &id, b"fp", owner).await;
+    let start = lossy.requests();
     assert!(matches!(
-        claim(&store, &id, b"fp", FencingToken::random()).await,
+        claim(store, &id, b"fp", FencingToken::random()).await,
         Claim::InProgress { .. }
     ));
     assert_eq!(
-        relay.take_requests(),
-        "PutItem=1",
+        lossy.requests() - start,
+        1,
         "a duplicate of a running request"
     );
 }

@@ -8,7 +8,6 @@ use reqwest_middleware::{ClientWithMiddleware, Middleware};
 use reqwest_retry::RetryableStrategy;
 use retry_policies::RetryPolicy;
 
-use super::middleware::{HeaderPreset, IdempotencyKeyMiddleware};
 use super::retry::RetryMiddleware;
 
 /// Assembles the client stack in the right order, with good defaults:
@@ -21,9 +20,10 @@ use super::retry::RetryMiddleware;
 /// reqwest::Client
 /// ```
 ///
-/// Key attachment and the retry loop are [`IdempotencyKeyMiddleware`] and
-/// [`RetryMiddleware`](super::RetryMiddleware), run as one middleware (a hop less per
-/// request); use them separately in a stack of your own.
+/// Key attachment and the retry loop are one middleware,
+/// [`RetryMiddleware`](super::RetryMiddleware); use it, or
+/// [`IdempotencyKeyMiddleware`](super::IdempotencyKeyMiddleware) beside
+/// `reqwest_retry`, in a stack of your own.
 ///
 /// Defaults: `Idempotency-Key` on POST and PATCH; up to 3 retries with exponential
 /// backoff (100 ms to 10 s, jittered); `Retry-After` honoured up to 30 s; no overall
@@ -31,10 +31,11 @@ use super::retry::RetryMiddleware;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkey::client::{ClientBuilder, HeaderPreset};
+/// use idemkey::client::ClientBuilder;
+/// use idemkey::protocol::KeyHeader;
 ///
 /// let client = ClientBuilder::new(reqwest::Client::new())
-///     .header_preset(HeaderPreset::PayPal)
+///     .key_header(KeyHeader::PayPal)
 ///     .max_retries(5)
 ///     .retry_after_cap(Duration::from_secs(10))
 ///     .deadline(Duration::from_secs(60))
@@ -42,7 +43,6 @@ use super::retry::RetryMiddleware;
 /// ```
 pub struct ClientBuilder {
     client: reqwest::Client,
-    key: IdempotencyKeyMiddleware,
     retry: RetryMiddleware,
     outer: Vec<Arc<dyn Middleware>>,
     inner: Vec<Arc<dyn Middleware>>,
@@ -51,7 +51,6 @@ pub struct ClientBuilder {
 impl std::fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientBuilder")
-            .field("key", &self.key)
             .field("retry", &self.retry)
             .field("outer", &self.outer.len())
             .field("inner", &self.inner.len())
@@ -73,31 +72,24 @@ impl ClientBuilder {
     pub fn new(client: reqwest::Client) -> Self {
         Self {
             client,
-            key: IdempotencyKeyMiddleware::default(),
             retry: RetryMiddleware::default(),
             outer: Vec::new(),
             inner: Vec::new(),
         }
     }
 
-    /// Sends the key under this header name.
+    /// Sends the key under this header instead of `Idempotency-Key`: a vendor's
+    /// [`KeyHeader`](crate::protocol::KeyHeader) or any [`HeaderName`].
     #[must_use]
-    pub fn header_name(mut self, name: HeaderName) -> Self {
-        self.key = self.key.header_name(name.clone());
-        self.retry = self.retry.header_name(name);
+    pub fn key_header(mut self, name: impl Into<HeaderName>) -> Self {
+        self.retry = self.retry.key_header(name);
         self
-    }
-
-    /// Sends the key under a vendor's header name.
-    #[must_use]
-    pub fn header_preset(self, preset: HeaderPreset) -> Self {
-        self.header_name(preset.header_name())
     }
 
     /// The methods that get a generated key (POST and PATCH by default).
     #[must_use]
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.key = self.key.methods(methods);
+        self.retry = self.retry.methods(methods);
         self
     }
 
@@ -168,8 +160,7 @@ impl ClientBuilder {
         for m in self.outer {
             builder = builder.with_arc(m);
         }
-        // One middleware does both, in this order: a hop less per request.
-        builder = builder.with(self.retry.with_key_middleware(self.key));
+        builder = builder.with(self.retry);
         for m in self.inner {
             builder = builder.with_arc(m);
         }

@@ -3,7 +3,7 @@
 //! [`ClientBuilder`] assembles a [`reqwest_middleware::ClientWithMiddleware`] that
 //!
 //! - gives every POST and PATCH (the method set is configurable) an `Idempotency-Key`
-//!   (or a vendor's header name, see [`HeaderPreset`]): a random UUID v4, or the key you
+//!   (or a vendor's header name, see [`KeyHeader`](crate::protocol::KeyHeader)): a random UUID v4, or the key you
 //!   set or derive per call with [`RequestBuilderExt`]; a key you set is never replaced;
 //! - retries connect errors, timeouts, dropped connections, 408, 429, 5xx and 409 (an
 //!   earlier request with the key is still running) **with the same key**, with
@@ -86,14 +86,16 @@
 
 mod builder;
 mod error;
+mod key;
 mod middleware;
+mod outcome;
 mod request;
 mod response;
 mod retry;
 
 pub use builder::ClientBuilder;
 pub use error::Error;
-pub use middleware::{HeaderPreset, IdempotencyKeyMiddleware};
+pub use middleware::IdempotencyKeyMiddleware;
 pub use request::{Attempt, RequestBuilderExt};
 pub use response::{IdempotencyInfo, ResponseExt};
 pub use retry::{

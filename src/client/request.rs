@@ -31,25 +31,24 @@ pub(crate) struct KeyInUse {
 ///
 /// Middlewares added with
 /// [`ClientBuilder::with_inner`](crate::client::ClientBuilder::with_inner) run once per
-/// attempt and can read it, for example to inject a fault into the first attempt only:
+/// attempt and can read it, for example to tell the server which attempt it sees:
 ///
 /// ```
 /// use idemkey::client::Attempt;
 /// use reqwest_middleware::{Middleware, Next};
 ///
-/// struct FailFirstAttempt;
+/// struct AttemptHeader;
 ///
 /// #[async_trait::async_trait]
-/// impl Middleware for FailFirstAttempt {
+/// impl Middleware for AttemptHeader {
 ///     async fn handle(
 ///         &self,
-///         req: reqwest::Request,
+///         mut req: reqwest::Request,
 ///         ext: &mut http::Extensions,
 ///         next: Next<'_>,
 ///     ) -> reqwest_middleware::Result<reqwest::Response> {
-///         if Attempt::get(ext).map(Attempt::number) == Some(1) {
-///             let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected");
-///             return Err(reqwest_middleware::Error::middleware(reset));
+///         if let Some(attempt) = Attempt::get(ext) {
+///             req.headers_mut().insert("x-attempt", attempt.number().into());
 ///         }
 ///         next.run(req, ext).await
 ///     }
@@ -72,11 +71,15 @@ impl Attempt {
     }
 }
 
-/// Attempts made so far for the logical request whose extensions these are.
+/// Attempts made so far for the logical request whose extensions these are: this
+/// crate's retry loop counts them exactly; without it, the key middleware's passes
+/// (once per attempt inside another retry middleware) are the best count there is.
 pub(crate) fn attempts_so_far(ext: &Extensions) -> u32 {
-    let by_retry = ext.get::<Attempt>().map_or(0, |a| a.0);
-    let by_key = ext.get::<KeyInUse>().map_or(0, |k| k.passes);
-    by_retry.max(by_key).max(1)
+    ext.get::<Attempt>()
+        .map(|a| a.0)
+        .or_else(|| ext.get::<KeyInUse>().map(|k| k.passes))
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Per-call key options on [`reqwest_middleware::RequestBuilder`].

@@ -1,7 +1,7 @@
 //! What the caller sees on every response: the key, the attempts, the replay flag.
 
 use crate::IdempotencyKey;
-use crate::headers::IDEMPOTENT_REPLAYED;
+use crate::protocol::headers::IDEMPOTENT_REPLAYED;
 
 /// The idempotency facts of one logical request, stored in the extensions of the
 /// response that answered it (read them with [`ResponseExt::idempotency`]).
@@ -94,51 +94,4 @@ pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, a
     response
         .extensions_mut()
         .insert(IdempotencyInfo::new(key.clone(), attempts, replayed));
-}
-
-/// The largest problem document read to classify a 400 answer.
-const MAX_PROBLEM_BYTES: u64 = 64 * 1024;
-
-/// Whether `response` is an RFC 9457 problem whose `type` names `case` (`key-reused`
-/// from a Stripe-compatible server answers 400). Reads a small problem body and gives
-/// back an equivalent response (status, version, headers, URL, extensions, body bytes).
-///
-/// # Errors
-/// The body could not be read (the connection dropped inside it): the caller gets that
-/// error rather than the answer with its body silently emptied.
-pub(crate) async fn is_problem(
-    mut response: reqwest::Response,
-    case: &str,
-) -> Result<(reqwest::Response, bool), reqwest::Error> {
-    let is_problem_json = response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
-    let small = response
-        .content_length()
-        .is_some_and(|n| n <= MAX_PROBLEM_BYTES);
-    if !is_problem_json || !small {
-        return Ok((response, false));
-    }
-    let url = response.url().clone();
-    let status = response.status();
-    let version = response.version();
-    let headers = std::mem::take(response.headers_mut());
-    let extensions = std::mem::take(response.extensions_mut());
-    let body = response.bytes().await?;
-    let matches = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .as_ref()
-        .and_then(|doc| doc.get("type")?.as_str().map(|t| t.ends_with(case)))
-        .unwrap_or(false);
-    // Only the URL goes through the builder (reqwest keeps it in a private extension);
-    // a builder with nothing but an extension cannot fail.
-    let mut rebuilt = reqwest::ResponseBuilderExt::url(http::Response::builder(), url)
-        .body(body.clone())
-        .unwrap_or_else(|_| http::Response::new(body));
-    *rebuilt.status_mut() = status;
-    *rebuilt.version_mut() = version;
-    *rebuilt.headers_mut() = headers;
-    rebuilt.extensions_mut().extend(extensions);
-    Ok((reqwest::Response::from(rebuilt), matches))
 }

@@ -35,7 +35,7 @@ use http::request::Parts;
 
 use super::Rejection;
 use crate::IdempotencyKey;
-use crate::headers::IDEMPOTENCY_KEY;
+use crate::protocol::headers::IDEMPOTENCY_KEY;
 
 /// Finds the idempotency key of a request.
 pub trait ExtractKey: Send + Sync + 'static {
@@ -87,7 +87,7 @@ where
 }
 
 /// The key from a header, bare or RFC 8941 sf-string (default `Idempotency-Key`; see
-/// [`crate::headers`] for vendor variants). A header sent twice is malformed.
+/// [`crate::protocol::headers`] for vendor variants). A header sent twice is malformed.
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,

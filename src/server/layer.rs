@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_layer::Layer;
@@ -22,7 +22,8 @@ use super::policy::{Outcome, OutcomePolicy};
 use super::record::Record;
 use super::rejection::Rejection;
 use crate::fingerprint::Fingerprinter;
-use crate::headers::IDEMPOTENT_REPLAYED;
+use crate::protocol::headers::IDEMPOTENT_REPLAYED;
+use crate::protocol::status::is_safe;
 
 /// Default limit of a buffered request body: 2 MiB, like axum's.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
@@ -117,13 +118,6 @@ fn default_requirement(parts: &Parts) -> KeyRequirement {
     } else {
         KeyRequirement::Required
     }
-}
-
-fn is_safe(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-    )
 }
 
 impl IdempotencyLayer {

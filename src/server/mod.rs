@@ -8,21 +8,12 @@
 //!
 //! # Behaviour
 //!
-//! | situation | answer | handler runs? |
-//! |---|---|---|
-//! | key missing on a route that requires one | 400 `missing-key` | no |
-//! | key malformed | 400 `invalid-key` | no |
-//! | request body over the limit | 413 `body-too-large` | no |
-//! | first request for (scope, key) | the handler's response; the [`OutcomePolicy`] decides whether it is kept | once |
-//! | same (scope, key) and fingerprint, completed | the stored response: same status, body bytes and stored headers, plus `Idempotent-Replayed: true` | no |
-//! | same (scope, key), different fingerprint | 422 `key-reused` (400 with [`EngineBuilder::stripe_compatible`]) | no |
-//! | same (scope, key), first request still running | 409 `in-progress` with `Retry-After` (the remaining lease, capped at 1 s by default) | no |
-//! | first request's owner died (lease expired) | the next request takes the key over with a new fencing token; the dead owner can no longer write | once more |
-//! | store unreachable or failing | 503 `store-unavailable` with `Retry-After`; with [`EngineBuilder::fail_open`] the handler runs unguarded | no |
-//! | response larger than the storage limit | sent to its caller; retries get 410 `response-not-stored` | no (not again) |
-//!
-//! Problems are `application/problem+json` (RFC 9457) with `type`
-//! `urn:idemkey:problem:<case>`; see [`Rejection`].
+//! What the verifier answers in each situation is the wire protocol's
+//! [behaviour table](crate::protocol#behaviour): written once, there. The
+//! [`OutcomePolicy`] decides which handler responses are kept;
+//! [`EngineBuilder::stripe_compatible`] answers a reused key with 400 instead of 422;
+//! [`EngineBuilder::fail_open`] runs the handler unguarded when the store fails. Problems
+//! are [`Problem`](crate::protocol::Problem)s, sent by a [`Rejection`].
 //!
 //! # Keys, scopes and records
 //!
@@ -85,4 +76,4 @@ pub use layer::{
 };
 pub use once::{Once, OnceError};
 pub use policy::{Outcome, OutcomePolicy};
-pub use rejection::{PROBLEM_JSON, PROBLEM_TYPE_PREFIX, Rejection};
+pub use rejection::Rejection;

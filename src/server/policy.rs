@@ -76,10 +76,7 @@ impl OutcomePolicy {
 }
 
 fn default_decision(status: StatusCode) -> Outcome {
-    if status.is_server_error()
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status == StatusCode::TOO_MANY_REQUESTS
-    {
+    if crate::protocol::status::is_transient(status) {
         Outcome::Release
     } else {
         Outcome::Store

@@ -8,13 +8,8 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 
 use super::body::ResponseBody;
-
-/// The prefix of every problem `type` this crate sends; the case name follows it
-/// (`urn:idemkey:problem:key-reused`). Clients may match on the case name alone.
-pub const PROBLEM_TYPE_PREFIX: &str = "urn:idemkey:problem:";
-
-/// The media type of problem responses.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+use crate::protocol::problem::{PROBLEM_JSON, Problem};
+use crate::protocol::retry_after;
 
 /// Why the verifier answered instead of the handler.
 ///
@@ -24,19 +19,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// [`Rejection::into_response`] (works as an axum handler's return value too, since
 /// `http::Response<ResponseBody>` implements axum's `IntoResponse`).
 ///
-/// | problem type | status | handler ran? |
-/// |---|---|---|
-/// | `missing-key` | 400 | no |
-/// | `invalid-key` | 400 | no |
-/// | `body-too-large` | 413 | no |
-/// | `body-unreadable` | 400 | no |
-/// | `key-reused` | 422 (400 in Stripe-compatible mode) | no |
-/// | `in-progress` | 409 + `Retry-After` | no |
-/// | `store-unavailable` | 503 + `Retry-After` | no |
-/// | `record-unreadable` | 500 | no |
-/// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
-/// | `scope-rejected` | chosen by the scope extractor | no |
-/// | `response-failed` | 500 | yes, but its response body failed; the key was released |
+/// The cases, their statuses and `type`s are the [`Problem`]s of the wire protocol.
 ///
 /// ```
 /// use idemkey::server::Rejection;
@@ -48,71 +31,21 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// ```
 #[derive(Debug, Clone)]
 pub struct Rejection {
-    kind: Kind,
+    problem: Problem,
     status: StatusCode,
     detail: String,
     retry_after: Option<Duration>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    MissingKey,
-    InvalidKey,
-    BodyTooLarge,
-    BodyUnreadable,
-    KeyReused,
-    InProgress,
-    StoreUnavailable,
-    RecordUnreadable,
-    ResponseNotStored,
-    ScopeRejected,
-    ResponseFailed,
-}
-
-impl Kind {
-    const fn name(self) -> &'static str {
-        match self {
-            Self::MissingKey => "missing-key",
-            Self::InvalidKey => "invalid-key",
-            Self::BodyTooLarge => "body-too-large",
-            Self::BodyUnreadable => "body-unreadable",
-            Self::KeyReused => "key-reused",
-            Self::InProgress => "in-progress",
-            Self::StoreUnavailable => "store-unavailable",
-            Self::RecordUnreadable => "record-unreadable",
-            Self::ResponseNotStored => "response-not-stored",
-            Self::ScopeRejected => "scope-rejected",
-            Self::ResponseFailed => "response-failed",
-        }
-    }
-
-    const fn title(self) -> &'static str {
-        match self {
-            Self::MissingKey => "Idempotency key missing",
-            Self::InvalidKey => "Idempotency key malformed",
-            Self::BodyTooLarge => "Request body too large",
-            Self::BodyUnreadable => "Request body unreadable",
-            Self::KeyReused => "Idempotency key reused with a different request",
-            Self::InProgress => "A request with this idempotency key is in progress",
-            Self::StoreUnavailable => "Idempotency store unavailable",
-            Self::RecordUnreadable => "Stored idempotency record unreadable",
-            Self::ResponseNotStored => "Original response was not stored",
-            Self::ScopeRejected => "Request scope rejected",
-            Self::ResponseFailed => "Response body failed",
-        }
-    }
-}
-
-fn secs_ceil(d: Duration) -> u64 {
-    // Saturating: `Duration::MAX` is a valid setting ("as long as it takes").
-    let s = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
-    s.max(1)
-}
-
 impl Rejection {
-    fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
+    /// `problem` with its default status.
+    fn of(problem: Problem, detail: impl Into<String>) -> Self {
+        Self::new(problem, problem.default_status(), detail)
+    }
+
+    fn new(problem: Problem, status: StatusCode, detail: impl Into<String>) -> Self {
         Self {
-            kind,
+            problem,
             status,
             detail: detail.into(),
             retry_after: None,
@@ -122,9 +55,8 @@ impl Rejection {
     /// 400 `missing-key`: the route requires a key and the request has none.
     #[must_use]
     pub fn missing_key(source: &str) -> Self {
-        Self::new(
-            Kind::MissingKey,
-            StatusCode::BAD_REQUEST,
+        Self::of(
+            Problem::MissingKey,
             format!(
                 "this endpoint requires an idempotency key in {source}; send a unique value (a random UUID) and reuse it when retrying"
             ),
@@ -134,15 +66,14 @@ impl Rejection {
     /// 400 `invalid-key`: the key is not 1 to 255 characters of visible ASCII.
     #[must_use]
     pub fn invalid_key(why: impl fmt::Display) -> Self {
-        Self::new(Kind::InvalidKey, StatusCode::BAD_REQUEST, why.to_string())
+        Self::of(Problem::InvalidKey, why.to_string())
     }
 
     /// 413 `body-too-large`: the body is over the verifier's buffering limit.
     #[must_use]
     pub fn body_too_large(limit: usize) -> Self {
-        Self::new(
-            Kind::BodyTooLarge,
-            StatusCode::PAYLOAD_TOO_LARGE,
+        Self::of(
+            Problem::BodyTooLarge,
             format!("the request body is larger than {limit} bytes, the limit of this endpoint"),
         )
     }
@@ -150,9 +81,8 @@ impl Rejection {
     /// 400 `body-unreadable`: the request body failed while it was read.
     #[must_use]
     pub fn body_unreadable(why: impl fmt::Display) -> Self {
-        Self::new(
-            Kind::BodyUnreadable,
-            StatusCode::BAD_REQUEST,
+        Self::of(
+            Problem::BodyUnreadable,
             format!("the request body could not be read ({why}); send the request again"),
         )
     }
@@ -161,7 +91,7 @@ impl Rejection {
     #[must_use]
     pub fn key_reused(status: StatusCode) -> Self {
         Self::new(
-            Kind::KeyReused,
+            Problem::KeyReused,
             status,
             "this idempotency key was already used for a different request (method, path, content type or body differ); use a new key for a new request",
         )
@@ -170,33 +100,32 @@ impl Rejection {
     /// 409 `in-progress`, retry after `lease_remaining` (rounded up, at least 1 s).
     #[must_use]
     pub fn in_progress(lease_remaining: Duration) -> Self {
-        let mut r = Self::new(
-            Kind::InProgress,
-            StatusCode::CONFLICT,
+        let mut r = Self::of(
+            Problem::InProgress,
             "a request with this idempotency key is still being processed; retry after the time given in Retry-After to receive its response",
         );
-        r.retry_after = Some(Duration::from_secs(secs_ceil(lease_remaining)));
+        r.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(
+            lease_remaining,
+        )));
         r
     }
 
     /// 503 `store-unavailable`, retry after `retry_after`; nothing was executed.
     #[must_use]
-    pub fn store_unavailable(retry_after: Duration) -> Self {
-        let mut r = Self::new(
-            Kind::StoreUnavailable,
-            StatusCode::SERVICE_UNAVAILABLE,
+    pub fn store_unavailable(after: Duration) -> Self {
+        let mut r = Self::of(
+            Problem::StoreUnavailable,
             "the idempotency store cannot be reached, so the request was not executed; retry with the same key later",
         );
-        r.retry_after = Some(Duration::from_secs(secs_ceil(retry_after)));
+        r.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(after)));
         r
     }
 
     /// 500 `record-unreadable`: a completed record exists but cannot be decoded.
     #[must_use]
     pub fn record_unreadable(why: impl fmt::Display) -> Self {
-        Self::new(
-            Kind::RecordUnreadable,
-            StatusCode::INTERNAL_SERVER_ERROR,
+        Self::of(
+            Problem::RecordUnreadable,
             format!(
                 "the request was executed before, but its stored response cannot be read ({why}); it will not be executed again"
             ),
@@ -207,9 +136,8 @@ impl Rejection {
     /// than the storage limit and was not kept.
     #[must_use]
     pub fn response_not_stored(size_hint: u64, limit: usize) -> Self {
-        Self::new(
-            Kind::ResponseNotStored,
-            StatusCode::GONE,
+        Self::of(
+            Problem::ResponseNotStored,
             format!(
                 "the request with this idempotency key was executed, but its response (over {size_hint} bytes) exceeded the storage limit of {limit} bytes and cannot be replayed; it will not be executed again; look the result up instead"
             ),
@@ -220,16 +148,15 @@ impl Rejection {
     /// missing credential, say).
     #[must_use]
     pub fn scope_rejected(status: StatusCode, detail: impl Into<String>) -> Self {
-        Self::new(Kind::ScopeRejected, status, detail)
+        Self::new(Problem::ScopeRejected, status, detail)
     }
 
     /// 500 `response-failed`: the handler ran but its response body failed while it
     /// was read; the key was released so that a retry executes again.
     #[must_use]
     pub fn response_failed(why: impl fmt::Display) -> Self {
-        Self::new(
-            Kind::ResponseFailed,
-            StatusCode::INTERNAL_SERVER_ERROR,
+        Self::of(
+            Problem::ResponseFailed,
             format!("the response body failed while it was read ({why}); retry with the same key"),
         )
     }
@@ -243,7 +170,13 @@ impl Rejection {
     /// The problem's case name, stable across releases (`"key-reused"`).
     #[must_use]
     pub const fn problem_type(&self) -> &'static str {
-        self.kind.name()
+        self.problem.name()
+    }
+
+    /// The problem this rejection answers with.
+    #[must_use]
+    pub const fn problem(&self) -> Problem {
+        self.problem
     }
 
     /// The human-readable explanation sent as `detail`.
@@ -261,33 +194,33 @@ impl Rejection {
     /// `true` for `in-progress` (409).
     #[must_use]
     pub fn is_in_progress(&self) -> bool {
-        self.kind == Kind::InProgress
+        self.problem == Problem::InProgress
     }
 
     /// `true` for `key-reused` (422 or 400).
     #[must_use]
     pub fn is_key_reused(&self) -> bool {
-        self.kind == Kind::KeyReused
+        self.problem == Problem::KeyReused
     }
 
     /// `true` for `store-unavailable` (503).
     #[must_use]
     pub fn is_store_unavailable(&self) -> bool {
-        self.kind == Kind::StoreUnavailable
+        self.problem == Problem::StoreUnavailable
     }
 
     /// `true` for `missing-key` and `invalid-key`.
     #[must_use]
     pub fn is_key_error(&self) -> bool {
-        matches!(self.kind, Kind::MissingKey | Kind::InvalidKey)
+        matches!(self.problem, Problem::MissingKey | Problem::InvalidKey)
     }
 
     /// The problem document (RFC 9457).
     #[must_use]
     pub fn to_json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
-            "type": format!("{PROBLEM_TYPE_PREFIX}{}", self.kind.name()),
-            "title": self.kind.title(),
+            "type": self.problem.type_uri(),
+            "title": self.problem.title(),
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
@@ -306,7 +239,7 @@ impl Rejection {
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(ra) = self.retry_after {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
+            h.insert(header::RETRY_AFTER, retry_after::to_header_value(ra));
         }
         resp
     }
@@ -314,7 +247,7 @@ impl Rejection {
 
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): {}", self.kind.name(), self.status, self.detail)
+        write!(f, "{} ({}): {}", self.problem, self.status, self.detail)
     }
 }
 

@@ -86,10 +86,8 @@ impl RecordId {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(b"idemkey/record/v1\0");
-        h.update((scope.len() as u64).to_be_bytes());
-        h.update(scope.as_bytes());
-        h.update((key.len() as u64).to_be_bytes());
-        h.update(key.as_bytes());
+        crate::framing::field(&mut h, scope.as_bytes());
+        crate::framing::field(&mut h, key.as_bytes());
         Self(h.finalize().into())
     }
 

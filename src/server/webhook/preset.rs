@@ -407,8 +407,11 @@ impl Preset {
     /// GitLab instance). No floor beyond the default.
     #[must_use]
     pub fn gitlab() -> Self {
-        Self::new("gitlab", KeySource::header(crate::headers::IDEMPOTENCY_KEY))
-            .with_scope(ScopeSource::header(header("x-gitlab-instance")))
+        Self::new(
+            "gitlab",
+            KeySource::header(crate::protocol::headers::IDEMPOTENCY_KEY),
+        )
+        .with_scope(ScopeSource::header(header("x-gitlab-instance")))
     }
 
     /// Paddle Billing: the body's `event_id` (`evt_...`).
@@ -473,7 +476,7 @@ impl Preset {
     pub fn idempotency_key() -> Self {
         Self::new(
             "idempotency-key",
-            KeySource::header(crate::headers::IDEMPOTENCY_KEY),
+            KeySource::header(crate::protocol::headers::IDEMPOTENCY_KEY),
         )
     }
 

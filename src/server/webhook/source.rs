@@ -340,9 +340,7 @@ impl Field {
                     let Some(v) = part.value(d)? else {
                         return Ok(None);
                     };
-                    let text = v.text();
-                    h.update((text.len() as u64).to_be_bytes());
-                    h.update(text.as_bytes());
+                    crate::framing::field(&mut h, v.text().as_bytes());
                 }
                 Ok(Some(Value::Hashed(h.finalize().into())))
             }

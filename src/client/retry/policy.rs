@@ -1,0 +1,42 @@
+//! How long to wait before the next attempt: the backoff policy, capped by what the
+//! server asked for.
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::Response;
+use retry_policies::policies::ExponentialBackoff;
+use retry_policies::{Jitter, RetryDecision, RetryPolicy};
+
+use crate::protocol::retry_after;
+
+/// The default cap on a server's `Retry-After`.
+pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
+
+/// The default retry policy: up to 3 retries (4 attempts), exponential backoff from
+/// 100 ms to 10 s with bounded jitter.
+#[must_use]
+pub fn default_policy() -> ExponentialBackoff {
+    ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(100), Duration::from_secs(10))
+        .jitter(Jitter::Bounded)
+        .build_with_max_retries(3)
+}
+
+/// The wait before retry number `retries_so_far + 1`, or `None` when the policy says
+/// stop. A server's `Retry-After` replaces the backoff, capped at `cap`.
+pub(super) fn next_wait(
+    policy: &(dyn RetryPolicy + Send + Sync),
+    answer: Option<&Response>,
+    started: SystemTime,
+    retries_so_far: u32,
+    cap: Duration,
+) -> Option<Duration> {
+    let RetryDecision::Retry { execute_after } = policy.should_retry(started, retries_so_far)
+    else {
+        return None;
+    };
+    let now = SystemTime::now();
+    let backoff = execute_after.duration_since(now).unwrap_or_default();
+    let asked = answer.and_then(|r| retry_after::from_headers(r.headers(), now));
+    Some(asked.map_or(backoff, |asked| asked.min(cap)))
+}

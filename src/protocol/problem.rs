@@ -1,0 +1,172 @@
+//! The problems (RFC 9457) the verifier answers with, each declared once with its `type`,
+//! title and default status.
+
+use std::fmt;
+
+use http::{HeaderValue, StatusCode};
+
+/// The media type of problem responses.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The prefix of every problem `type` this crate sends; the case name follows it
+/// (`urn:idemkey:problem:key-reused`).
+pub const TYPE_PREFIX: &str = "urn:idemkey:problem:";
+
+macro_rules! problems {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident = $name:literal, $status:ident, $title:literal;
+    )*) => {
+        /// Why the verifier answered instead of the handler.
+        ///
+        /// Each case has a stable name ([`Problem::name`]), a `type` URI
+        /// ([`Problem::type_uri`]), a title and a default status. The server sends them as
+        /// `application/problem+json`; the client reads them back with
+        /// [`Problem::from_type`].
+        ///
+        /// | problem | default status | handler ran? |
+        /// |---|---|---|
+        /// | `missing-key` | 400 | no |
+        /// | `invalid-key` | 400 | no |
+        /// | `body-too-large` | 413 | no |
+        /// | `body-unreadable` | 400 | no |
+        /// | `key-reused` | 422 (400 in Stripe-compatible mode) | no |
+        /// | `in-progress` | 409 + `Retry-After` | no |
+        /// | `store-unavailable` | 503 + `Retry-After` | no |
+        /// | `record-unreadable` | 500 | no (it ran before; its record cannot be read) |
+        /// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
+        /// | `scope-rejected` | chosen by the scope extractor (401 by default) | no |
+        /// | `response-failed` | 500 | yes, but its response body failed; the key was released |
+        ///
+        /// ```
+        /// use idemkey::protocol::Problem;
+        /// assert_eq!(Problem::KeyReused.type_uri(), "urn:idemkey:problem:key-reused");
+        /// assert_eq!(Problem::KeyReused.default_status(), http::StatusCode::UNPROCESSABLE_ENTITY);
+        /// assert_eq!(Problem::from_type("urn:idemkey:problem:in-progress"), Some(Problem::InProgress));
+        /// assert_eq!(Problem::from_type("https://errors.example.com/key-reused"), Some(Problem::KeyReused));
+        /// assert_eq!(Problem::from_type("about:blank"), None);
+        /// ```
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Problem {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Problem {
+            /// Every problem, in declaration order.
+            pub const ALL: &'static [Problem] = &[$(Problem::$variant),*];
+
+            /// The stable case name (`"key-reused"`).
+            #[must_use]
+            pub const fn name(self) -> &'static str {
+                match self { $( Self::$variant => $name, )* }
+            }
+
+            /// The problem `type` this crate sends (`"urn:idemkey:problem:key-reused"`).
+            #[must_use]
+            pub const fn type_uri(self) -> &'static str {
+                match self { $( Self::$variant => concat!("urn:idemkey:problem:", $name), )* }
+            }
+
+            /// The problem's `title`.
+            #[must_use]
+            pub const fn title(self) -> &'static str {
+                match self { $( Self::$variant => $title, )* }
+            }
+
+            /// The status the verifier answers with unless configured otherwise.
+            #[must_use]
+            pub const fn default_status(self) -> StatusCode {
+                match self { $( Self::$variant => StatusCode::$status, )* }
+            }
+        }
+    };
+}
+
+problems! {
+    /// The route requires a key and the request has none.
+    MissingKey = "missing-key", BAD_REQUEST, "Idempotency key missing";
+    /// The key is not 1 to 255 characters of visible ASCII, or its header was sent twice.
+    InvalidKey = "invalid-key", BAD_REQUEST, "Idempotency key malformed";
+    /// The request body is over the verifier's buffering limit.
+    BodyTooLarge = "body-too-large", PAYLOAD_TOO_LARGE, "Request body too large";
+    /// The request body failed while it was read.
+    BodyUnreadable = "body-unreadable", BAD_REQUEST, "Request body unreadable";
+    /// The key was used before for a request with a different fingerprint.
+    KeyReused = "key-reused", UNPROCESSABLE_ENTITY, "Idempotency key reused with a different request";
+    /// A request with this key is still being processed.
+    InProgress = "in-progress", CONFLICT, "A request with this idempotency key is in progress";
+    /// The store cannot be reached; nothing was executed.
+    StoreUnavailable = "store-unavailable", SERVICE_UNAVAILABLE, "Idempotency store unavailable";
+    /// A completed record exists but cannot be decoded.
+    RecordUnreadable = "record-unreadable", INTERNAL_SERVER_ERROR, "Stored idempotency record unreadable";
+    /// The request was executed, but its response was too large to keep.
+    ResponseNotStored = "response-not-stored", GONE, "Original response was not stored";
+    /// The scope extractor refused the request (a missing credential, say).
+    ScopeRejected = "scope-rejected", UNAUTHORIZED, "Request scope rejected";
+    /// The handler ran, but its response body failed; the key was released.
+    ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response body failed";
+}
+
+impl Problem {
+    /// The problem a `type` names: this crate's URN, or any URI whose last segment (after
+    /// the last `:`, `/` or `#`) is a case name, as servers that mint their own type URIs
+    /// for the same cases send them. `None` for anything else (`about:blank`).
+    #[must_use]
+    pub fn from_type(type_uri: &str) -> Option<Self> {
+        let case = type_uri.rsplit([':', '/', '#']).next().unwrap_or(type_uri);
+        Self::ALL.iter().copied().find(|p| p.name() == case)
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether a `Content-Type` value is `application/problem+json` (parameters and case
+/// ignored).
+///
+/// ```
+/// use http::HeaderValue;
+/// use idemkey::protocol::problem::is_problem_json;
+/// assert!(is_problem_json(&HeaderValue::from_static("application/problem+json; charset=utf-8")));
+/// assert!(!is_problem_json(&HeaderValue::from_static("application/json")));
+/// ```
+#[must_use]
+pub fn is_problem_json(content_type: &HeaderValue) -> bool {
+    let essence = content_type
+        .as_bytes()
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    essence.eq_ignore_ascii_case(PROBLEM_JSON.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_uri_has_the_prefix_and_parses_back() {
+        for &p in Problem::ALL {
+            assert_eq!(p.type_uri(), format!("{TYPE_PREFIX}{}", p.name()));
+            assert_eq!(Problem::from_type(p.type_uri()), Some(p));
+        }
+    }
+
+    #[test]
+    fn other_types_are_not_ours() {
+        for t in [
+            "",
+            "about:blank",
+            "urn:idemkey:problem:",
+            "xkey-reused",
+            "key-reused-x",
+        ] {
+            assert_eq!(Problem::from_type(t), None, "{t:?}");
+        }
+    }
+}
