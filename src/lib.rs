@@ -56,6 +56,8 @@ pub mod protocol;
 #[cfg(feature = "server")]
 pub mod fingerprint;
 #[cfg(feature = "server")]
+mod json_pointer;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 pub mod store;

@@ -40,6 +40,7 @@ async fn claim(store: &DynamoStore, id: &RecordId, fp: &[u8], token: FencingToke
             fingerprint: fp,
             token,
             lease: LONG,
+            retention: LONG,
         })
         .await
         .expect("claim")
@@ -126,6 +127,7 @@ async fn open_creates_the_table_and_serves_claims() {
             fingerprint: b"fp",
             token,
             lease: LONG,
+            retention: LONG,
         })
         .await
         .expect("claim");
@@ -229,6 +231,7 @@ async fn create_table_is_idempotent_and_checks_the_key() {
             fingerprint: b"fp",
             token: FencingToken::random(),
             lease: LONG,
+            retention: LONG,
         })
         .await
         .expect_err("no table");
@@ -287,6 +290,26 @@ async fn payloads_over_the_item_limit_are_kept_in_chunks() {
         expected_chunks,
         "chunks of a fenced completion"
     );
+
+    // A chunked record's chunks go with it when it is force-released; its size shows.
+    let id = RecordId::new("chunks", &(3 * CHUNK + 17).to_string());
+    let info = store
+        .inspect(&id)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(info.payload_len, Some(3 * CHUNK as u64 + 17));
+    assert!(store.force_release(&id).await.expect("force_release"));
+    assert_eq!(
+        chunk_items(&store).await,
+        expected_chunks - 4,
+        "the chunks of a force-released record"
+    );
+    assert_eq!(
+        claim(&store, &id, b"fp", FencingToken::random()).await,
+        Claim::Acquired { takeover: false },
+        "the next claim executes anew"
+    );
 }
 
 #[tokio::test]
@@ -308,11 +331,11 @@ async fn items_carry_a_ttl_and_expired_items_count_as_absent() {
     );
     assert_eq!(
         keep,
-        expires + 24 * 3600 * 1000,
-        "an abandoned claim is kept a day"
+        expires + 600_000,
+        "an abandoned claim is kept for the claim's retention"
     );
     assert_eq!(ttl, keep.div_ceil(1000), "TTL in seconds");
-    // A renewal moves the lease and keeps the day past it.
+    // A renewal moves the lease and keeps the retention past it.
     store
         .renew(&id, owner, Duration::from_secs(1200))
         .await
@@ -320,8 +343,8 @@ async fn items_carry_a_ttl_and_expired_items_count_as_absent() {
     let item = raw_item(&store, &id).await;
     let renewed = number(&item, "expires");
     assert!(renewed >= expires + 600_000, "the lease moved: {renewed}");
-    assert_eq!(number(&item, "keep_until"), renewed + 24 * 3600 * 1000);
-    assert_eq!(number(&item, "ttl"), renewed.div_ceil(1000) + 24 * 3600);
+    assert_eq!(number(&item, "keep_until"), renewed + 600_000);
+    assert_eq!(number(&item, "ttl"), renewed.div_ceil(1000) + 600);
 
     store
         .complete(

@@ -21,7 +21,7 @@ async fn mysql_store_conforms() {
         async move { store }
     })
     .await;
-    support::drop_mysql_table(&store, &table).await;
+    support::drop_mysql_table(&table).await;
 }
 
 fn request<'a>(id: &'a RecordId, fingerprint: &'a [u8], token: FencingToken) -> ClaimRequest<'a> {
@@ -30,6 +30,7 @@ fn request<'a>(id: &'a RecordId, fingerprint: &'a [u8], token: FencingToken) -> 
         fingerprint,
         token,
         lease: LONG,
+        retention: LONG,
     }
 }
 
@@ -83,7 +84,7 @@ async fn claims_from_several_pools_are_atomic_and_return_the_row() {
             }
         );
     }
-    support::drop_mysql_table(&first, &table).await;
+    support::drop_mysql_table(&table).await;
 }
 
 #[tokio::test]
@@ -108,6 +109,7 @@ async fn sweep_deletes_rows_past_their_life_only() {
     store
         .claim(ClaimRequest {
             lease: short,
+            retention: LONG,
             ..request(&abandoned, b"fp", FencingToken::random())
         })
         .await
@@ -122,10 +124,11 @@ async fn sweep_deletes_rows_past_their_life_only() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(swept, 2, "the two completed records past their retention");
+    let admin = support::mysql_admin(&support::mysql_url()).await;
     let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM `{table}`"
     )))
-    .fetch_one(store.pool())
+    .fetch_one(&admin)
     .await
     .expect("count");
     assert_eq!(left, 2, "the live record and the abandoned claim stay");
@@ -137,7 +140,7 @@ async fn sweep_deletes_rows_past_their_life_only() {
         Claim::Acquired { takeover: true },
         "the abandoned claim is taken over, and says so"
     );
-    support::drop_mysql_table(&store, &table).await;
+    support::drop_mysql_table(&table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +162,7 @@ async fn concurrent_migrations_and_the_schema_are_idempotent() {
     }
     store.migrate().await.expect("migrate again");
     assert!(store.schema_sql().contains("CREATE TABLE IF NOT EXISTS"));
-    support::drop_mysql_table(&store, &table).await;
+    support::drop_mysql_table(&table).await;
 }
 
 #[tokio::test]
@@ -232,7 +235,7 @@ async fn large_payloads_and_binary_fingerprints_round_trip() {
         }
         other => panic!("{other:?}"),
     }
-    support::drop_mysql_table(&store, &table).await;
+    support::drop_mysql_table(&table).await;
 }
 
 /// The server's statement counters that a store's calls move.
@@ -245,13 +248,13 @@ const COUNTERS: [&str; 6] = [
     "Com_commit",
 ];
 
-async fn counters(store: &MySqlStore) -> Vec<i64> {
+async fn counters(admin: &sqlx::MySqlPool) -> Vec<i64> {
     let mut values = Vec::new();
     for name in COUNTERS {
         let (_, value): (String, String) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SHOW GLOBAL STATUS LIKE '{name}'"
         )))
-        .fetch_one(store.pool())
+        .fetch_one(admin)
         .await
         .expect("SHOW GLOBAL STATUS");
         values.push(value.parse().expect("a number"));
@@ -259,10 +262,13 @@ async fn counters(store: &MySqlStore) -> Vec<i64> {
     values
 }
 
-async fn statements_of<F: std::future::Future<Output = ()>>(store: &MySqlStore, f: F) -> String {
-    let before = counters(store).await;
+async fn statements_of<F: std::future::Future<Output = ()>>(
+    admin: &sqlx::MySqlPool,
+    f: F,
+) -> String {
+    let before = counters(admin).await;
     f.await;
-    let after = counters(store).await;
+    let after = counters(admin).await;
     COUNTERS
         .iter()
         .zip(before.iter().zip(&after))
@@ -283,8 +289,9 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
         .await
         .expect("connect to the private MariaDB");
     store.migrate().await.expect("migrate");
+    let admin = support::mysql_admin(&server.url()).await;
     let (id, token) = (RecordId::new("t", "k"), FencingToken::random());
-    let fresh = statements_of(&store, async {
+    let fresh = statements_of(&admin, async {
         let claim = store
             .claim(request(&id, b"fp", token))
             .await
@@ -300,7 +307,7 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
         fresh, "Com_insert=1 Com_update=1",
         "a fresh request: claim and complete"
     );
-    let replay = statements_of(&store, async {
+    let replay = statements_of(&admin, async {
         let replay = store
             .claim(request(&id, b"fp", FencingToken::random()))
             .await
@@ -314,7 +321,7 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
         .claim(request(&other, b"fp", owner))
         .await
         .expect("claim");
-    let duplicate = statements_of(&store, async {
+    let duplicate = statements_of(&admin, async {
         let dup = store
             .claim(request(&other, b"fp", FencingToken::random()))
             .await

@@ -16,8 +16,9 @@ use aws_sdk_dynamodb::types::{
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, TryStreamExt, stream};
 
-use super::pending_v2::{RecordInfo, RecordState};
-use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+use super::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
+};
 
 /// The default table name.
 const DEFAULT_TABLE: &str = "idemkey_records";
@@ -31,9 +32,6 @@ const CHUNK: usize = 256 * 1024;
 const MAX_FINGERPRINT: usize = 16 * 1024;
 /// How many chunk items are written or read at once.
 const CHUNK_CONCURRENCY: usize = 8;
-/// How long an abandoned claim (lease ended, nobody took it over) is kept past its
-/// lease, until claim requests carry the retention (store contract v2).
-const ABANDONED_KEEP: Duration = Duration::from_secs(24 * 3600);
 /// The longest lease or retention, in milliseconds: 100 years ("forever").
 const MAX_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 /// How often a claim starts over when the record vanished between its write and its
@@ -110,7 +108,7 @@ const COMPLETED: &str = "completed";
 /// | `token` | B | the owner's [`FencingToken`] (in progress only) |
 /// | `created` | N | when the claim was made, in milliseconds since the Unix epoch |
 /// | `expires` | N | end of the lease (in progress) or of the retention (completed), in ms |
-/// | `keep_until` | N | end of the item's life, in ms: `expires` for a completed record, the lease plus a retention for a claim (so that a takeover is told apart from a fresh claim) |
+/// | `keep_until` | N | end of the item's life, in ms: `expires` for a completed record; for a claim the lease plus the claim's retention, so that its owner can still complete it and a takeover is told apart from a fresh claim |
 /// | `ttl` | N | `keep_until` in seconds, for DynamoDB's TTL |
 /// | `keep_ms`, `keep_s` | N, N | how long a claim is kept past its lease, in ms and s (so that a renewal keeps it too) |
 /// | `payload` | B | the completed payload, when it fits in the item |
@@ -124,10 +122,15 @@ const COMPLETED: &str = "completed";
 ///   over; a claim that loses gets the live item in the failure reply: one round trip
 ///   either way (plus the chunk reads of a chunked payload).
 /// - **Complete, renew, release**: `UpdateItem`/`DeleteItem` conditional on
-///   `token = :token AND state = in_progress AND expires > :now`, so a stale owner
-///   changes nothing and gets [`StoreError::is_fenced`].
-/// - Expired items count as absent at once (every condition compares with `expires`);
-///   DynamoDB's TTL deletes them later (typically within days), so [`Store::sweep`] has
+///   `token = :token AND state = in_progress AND keep_until > :now`: an owner replaced
+///   by another claim changes nothing and gets [`StoreError::is_fenced`], and an owner
+///   whose lease ended but whom nobody took over still records its outcome.
+/// - **Inspect**: one strongly consistent `GetItem`; **force release**: one `DeleteItem`
+///   (plus the chunks of a chunked payload); **list in progress**: a `Scan` of the
+///   whole table with a filter (operators only: it reads every item).
+/// - Expired items count as absent at once (a claim's condition compares with
+///   `expires`, the owner's writes and `inspect` with `keep_until`); DynamoDB's TTL
+///   deletes them later (typically within days), so [`Store::sweep`] has
 ///   nothing to do and returns `Ok(0)`.
 /// - Reads (the chunks of a payload) are strongly consistent.
 ///
@@ -180,10 +183,6 @@ const COMPLETED: &str = "completed";
 pub struct DynamoStore {
     client: Client,
     table: String,
-    /// Store contract v2: an owner whose lease ended may still complete, renew and
-    /// release while nobody took the record over. Off until the v2 conformance suite
-    /// lands (today's suite fences such an owner); set by this module's tests.
-    expired_owner_writes: bool,
 }
 
 /// Configures a [`DynamoStore`]; made by [`DynamoStore::builder`].
@@ -221,7 +220,6 @@ impl DynamoStoreBuilder {
         Ok(DynamoStore {
             client: self.client,
             table: self.table,
-            expired_owner_writes: false,
         })
     }
 }
@@ -503,13 +501,8 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// The claim, keeping an abandoned claim for `retention` past its lease (store
-    /// contract v2 passes it in the claim request).
-    pub(crate) async fn claim_keeping(
-        &self,
-        req: ClaimRequest<'_>,
-        retention: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim_item(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let retention = req.retention;
         if req.fingerprint.len() > MAX_FINGERPRINT {
             return Err(StoreError::unavailable(
                 format!(
@@ -660,20 +653,14 @@ impl DynamoStore {
     }
 
     /// The condition that `:token` holds the record at `:now`, and the attributes it
-    /// names. Today within its lease; with store contract v2 until the record is taken
-    /// over or removed (`keep_until`).
-    fn held(&self) -> (&'static str, [&'static str; 3]) {
-        if self.expired_owner_writes {
-            (
-                "#token = :token AND #state = :in_progress AND #keep_until > :now",
-                [attr::TOKEN, attr::STATE, attr::KEEP_UNTIL],
-            )
-        } else {
-            (
-                "#token = :token AND #state = :in_progress AND #expires > :now",
-                [attr::TOKEN, attr::STATE, attr::EXPIRES],
-            )
-        }
+    /// names: the token is the owner's, the record in progress, and within its life
+    /// (`keep_until`: also after the lease, until another claim takes it over, contract
+    /// rule 3).
+    fn held() -> (&'static str, [&'static str; 3]) {
+        (
+            "#token = :token AND #state = :in_progress AND #keep_until > :now",
+            [attr::TOKEN, attr::STATE, attr::KEEP_UNTIL],
+        )
     }
 
     /// The values of [`DynamoStore::held`]'s condition.
@@ -737,12 +724,11 @@ impl DynamoStore {
             .await;
     }
 
-    /// What the store holds for `id` (store contract v2's `inspect`): `None` when
-    /// nothing, or only a record past its life (a completed record past its retention,
+    /// What the store holds for `id` ([`Store::inspect`]): `None` when nothing, or
+    /// only a record past its life (a completed record past its retention,
     /// an abandoned claim past lease and retention). An in-progress record whose lease
     /// ended is shown, with `expires` in the past. One strongly consistent read.
-    #[cfg_attr(not(test), allow(dead_code))] // until the Store trait has it (v2)
-    pub(crate) async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+    async fn inspect_item(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
         let Some(item) = self.get(id.as_bytes()).await? else {
             return Ok(None);
         };
@@ -753,11 +739,10 @@ impl DynamoStore {
         item.info(*id).map(Some)
     }
 
-    /// Removes the record whatever its state or token (store contract v2's
-    /// `force_release`); `true` when there was one. Its owner is fenced afterwards, and
-    /// the next claim executes anew.
-    #[cfg_attr(not(test), allow(dead_code))] // until the Store trait has it (v2)
-    pub(crate) async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+    /// Removes the record whatever its state or token ([`Store::force_release`]);
+    /// `true` when there was one. Its owner is fenced afterwards, and the next claim
+    /// executes anew.
+    async fn force_release_item(&self, id: &RecordId) -> Result<bool, StoreError> {
         let old = self
             .client
             .delete_item()
@@ -779,14 +764,10 @@ impl DynamoStore {
     }
 
     /// Up to `limit` in-progress records, live or with an expired lease, oldest claim
-    /// first (store contract v2's `list_in_progress`). This is a strongly consistent
+    /// first ([`Store::list_in_progress`]). This is a strongly consistent
     /// `Scan` with a filter: it reads (and is billed for) the whole table, chunk items
     /// included, so run it for operators, not on a request's path.
-    #[cfg_attr(not(test), allow(dead_code))] // until the Store trait has it (v2)
-    pub(crate) async fn list_in_progress(
-        &self,
-        limit: usize,
-    ) -> Result<Vec<RecordInfo>, StoreError> {
+    async fn scan_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         let now = now_ms();
         let mut found = Vec::new();
         let mut start = None;
@@ -852,7 +833,7 @@ impl DynamoStore {
 #[async_trait::async_trait]
 impl Store for DynamoStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.claim_keeping(req, ABANDONED_KEEP).await
+        self.claim_item(req).await
     }
 
     async fn complete(
@@ -871,7 +852,7 @@ impl Store for DynamoStore {
         if chunked {
             self.write_chunks(id, &write, &payload, until).await?;
         }
-        let (condition, _) = self.held();
+        let (condition, _) = Self::held();
         let (body, kept, dropped) = if chunked {
             (num(count), attr::CHUNKS, attr::PAYLOAD)
         } else {
@@ -948,7 +929,7 @@ impl Store for DynamoStore {
     ) -> Result<(), StoreError> {
         let now = now_ms();
         let expires = now.saturating_add(ms(lease));
-        let (condition, _) = self.held();
+        let (condition, _) = Self::held();
         let mut values =
             HashMap::from(Self::held_values(token, now).map(|(k, v)| (k.to_owned(), v)));
         values.extend(
@@ -992,7 +973,7 @@ impl Store for DynamoStore {
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        let (condition, held_names) = self.held();
+        let (condition, held_names) = Self::held();
         let values =
             HashMap::from(Self::held_values(token, now_ms()).map(|(k, v)| (k.to_owned(), v)));
         let released = self
@@ -1012,6 +993,23 @@ impl Store for DynamoStore {
             }
             Err(e) => Err(self.failed("releasing a record", e)),
         }
+    }
+
+    /// One strongly consistent `GetItem`.
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_item(id).await
+    }
+
+    /// One `DeleteItem` (and the deletion of a chunked payload's chunks).
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        self.force_release_item(id).await
+    }
+
+    /// A strongly consistent `Scan` with a filter: it reads (and is billed for) the
+    /// whole table, chunk items included. Run it for operators, not on a request's
+    /// path.
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        self.scan_in_progress(limit).await
     }
 }
 
@@ -1071,7 +1069,6 @@ impl Item<'_> {
         Ok(FencingToken::from_bytes(raw))
     }
 
-    #[cfg_attr(not(test), allow(dead_code))] // until the Store trait has inspect (v2)
     fn info(&self, id: RecordId) -> Result<RecordInfo, StoreError> {
         let state = self.state()?;
         let payload_len = match state {
@@ -1131,299 +1128,4 @@ fn now_ms() -> u64 {
 /// A duration in milliseconds, capped at 100 years.
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(MAX_MS)
-}
-
-#[cfg(test)]
-#[path = "../../tests/support/moto.rs"]
-mod moto;
-
-/// Store contract v2 behaviour (inspect, force-release, list in progress, an expired
-/// owner's writes), against moto, until the `Store` trait and the conformance suite
-/// carry it.
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LONG: Duration = Duration::from_secs(600);
-    const SHORT: Duration = Duration::from_millis(300);
-
-    async fn store(moto: &moto::MotoServer, table: &str) -> DynamoStore {
-        use aws_sdk_dynamodb::config::Credentials;
-        let config = DynamoStore::sdk_config("us-east-1")
-            .endpoint_url(moto.url())
-            .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-            .build();
-        let store = DynamoStore::builder(Client::from_conf(config))
-            .table(table)
-            .build()
-            .expect("store");
-        store.create_table().await.expect("create the table");
-        store
-    }
-
-    async fn claim(
-        store: &DynamoStore,
-        id: &RecordId,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Claim {
-        store
-            .claim_keeping(
-                ClaimRequest {
-                    id,
-                    fingerprint: b"fp",
-                    token,
-                    lease,
-                },
-                LONG,
-            )
-            .await
-            .expect("claim")
-    }
-
-    fn id(key: &str) -> RecordId {
-        RecordId::new("v2", key)
-    }
-
-    #[tokio::test]
-    async fn inspect_shows_what_the_store_holds() {
-        let moto = moto::MotoServer::start();
-        let store = store(&moto, "v2_inspect").await;
-        assert_eq!(store.inspect(&id("absent")).await.expect("inspect"), None);
-
-        let owner = FencingToken::random();
-        let before = SystemTime::now();
-        claim(&store, &id("k"), owner, LONG).await;
-        let info = store
-            .inspect(&id("k"))
-            .await
-            .expect("inspect")
-            .expect("a record");
-        assert_eq!(info.id, id("k"));
-        assert_eq!(info.state, RecordState::InProgress);
-        assert_eq!(info.fingerprint, b"fp".as_slice());
-        assert_eq!(info.payload_len, None);
-        assert!(
-            info.created >= before - Duration::from_millis(1) && info.created <= SystemTime::now()
-        );
-        let lease = info
-            .expires
-            .duration_since(info.created)
-            .expect("expires after created");
-        assert_eq!(lease, LONG, "expires is the lease's end");
-
-        let payload = Bytes::from(vec![1u8; CHUNK + 5]);
-        store
-            .complete(&id("k"), owner, payload.clone(), Duration::from_secs(3600))
-            .await
-            .expect("complete");
-        let info = store
-            .inspect(&id("k"))
-            .await
-            .expect("inspect")
-            .expect("a record");
-        assert_eq!(info.state, RecordState::Completed);
-        assert_eq!(info.payload_len, Some(payload.len() as u64));
-        let retention = info
-            .expires
-            .duration_since(SystemTime::now())
-            .expect("in the future");
-        assert!(retention <= Duration::from_secs(3600) && retention > Duration::from_secs(3500));
-    }
-
-    #[tokio::test]
-    async fn an_abandoned_claim_is_kept_past_its_lease_for_the_retention() {
-        let moto = moto::MotoServer::start();
-        let store = store(&moto, "v2_abandoned").await;
-        // The store reads its clock after `before` and before `claimed`.
-        let before = tokio::time::Instant::now();
-        let req = ClaimRequest {
-            id: &id("k"),
-            fingerprint: b"fp",
-            token: FencingToken::random(),
-            lease: SHORT,
-        };
-        store.claim_keeping(req, SHORT).await.expect("claim");
-        let claimed = tokio::time::Instant::now();
-        tokio::time::sleep_until(claimed + SHORT + Duration::from_millis(25)).await;
-        // Lease over, retention not (unless this machine stalled for 300 ms).
-        let shown = store.inspect(&id("k")).await.expect("inspect");
-        if tokio::time::Instant::now() < before + SHORT + SHORT {
-            let info = shown.expect("an abandoned claim is still shown");
-            assert_eq!(info.state, RecordState::InProgress);
-            assert!(
-                info.expires < SystemTime::now(),
-                "with its lease in the past"
-            );
-        }
-        let deadline = before + Duration::from_secs(10);
-        while store.inspect(&id("k")).await.expect("inspect").is_some() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "kept past lease + retention"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        assert!(
-            tokio::time::Instant::now() >= before + SHORT + SHORT,
-            "removed before lease + retention"
-        );
-    }
-
-    #[tokio::test]
-    async fn force_release_removes_any_record_and_fences_its_owner() {
-        let moto = moto::MotoServer::start();
-        let store = store(&moto, "v2_force").await;
-        assert!(
-            !store
-                .force_release(&id("absent"))
-                .await
-                .expect("force_release")
-        );
-
-        let owner = FencingToken::random();
-        claim(&store, &id("running"), owner, LONG).await;
-        assert!(
-            store
-                .force_release(&id("running"))
-                .await
-                .expect("force_release")
-        );
-        let err = store
-            .complete(&id("running"), owner, Bytes::from_static(b"late"), LONG)
-            .await
-            .expect_err("fenced");
-        assert!(err.is_fenced(), "{err}");
-        assert_eq!(
-            claim(&store, &id("running"), FencingToken::random(), LONG).await,
-            Claim::Acquired { takeover: false }
-        );
-
-        let owner = FencingToken::random();
-        claim(&store, &id("done"), owner, LONG).await;
-        store
-            .complete(&id("done"), owner, Bytes::from(vec![2u8; 2 * CHUNK]), LONG)
-            .await
-            .expect("complete");
-        assert!(
-            store
-                .force_release(&id("done"))
-                .await
-                .expect("force_release")
-        );
-        let left = store
-            .client
-            .scan()
-            .table_name(&store.table)
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("scan");
-        assert_eq!(
-            left.items().len(),
-            1,
-            "the chunks went with the record; one claim is left"
-        );
-        assert_eq!(
-            claim(&store, &id("done"), FencingToken::random(), LONG).await,
-            Claim::Acquired { takeover: false },
-            "the next claim executes anew"
-        );
-    }
-
-    #[tokio::test]
-    async fn list_in_progress_is_oldest_first_with_expired_leases() {
-        let moto = moto::MotoServer::start();
-        let store = store(&moto, "v2_list").await;
-        for (key, lease) in [("a", LONG), ("b", SHORT), ("c", LONG)] {
-            claim(&store, &id(key), FencingToken::random(), lease).await;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let owner = FencingToken::random();
-        claim(&store, &id("done"), owner, LONG).await;
-        store
-            .complete(&id("done"), owner, Bytes::from(vec![3u8; CHUNK + 1]), LONG)
-            .await
-            .expect("complete");
-        tokio::time::sleep(SHORT).await; // b's lease is over, its retention not yet
-        let listed = store.list_in_progress(10).await.expect("list");
-        let keys: Vec<RecordId> = listed.iter().map(|r| r.id).collect();
-        assert_eq!(
-            keys,
-            [id("a"), id("b"), id("c")],
-            "in progress, oldest first"
-        );
-        assert!(listed.iter().all(|r| r.state == RecordState::InProgress));
-        assert!(listed[1].expires < SystemTime::now(), "b's lease is over");
-        let first: Vec<RecordId> = store
-            .list_in_progress(2)
-            .await
-            .expect("list")
-            .iter()
-            .map(|r| r.id)
-            .collect();
-        assert_eq!(first, [id("a"), id("b")], "limit");
-    }
-
-    #[tokio::test]
-    async fn an_expired_owner_writes_until_another_claim_takes_over() {
-        let moto = moto::MotoServer::start();
-        let mut store = store(&moto, "v2_expired_owner").await;
-        store.expired_owner_writes = true;
-        let expire = |store: &DynamoStore, key: &'static str| {
-            let store = store.clone();
-            async move {
-                let owner = FencingToken::random();
-                claim(&store, &id(key), owner, SHORT).await;
-                tokio::time::sleep(SHORT + Duration::from_millis(25)).await;
-                owner
-            }
-        };
-        // Completes after its lease; the next claim replays.
-        let owner = expire(&store, "complete").await;
-        store
-            .complete(&id("complete"), owner, Bytes::from_static(b"late"), LONG)
-            .await
-            .expect("an expired owner nobody took over completes");
-        match claim(&store, &id("complete"), FencingToken::random(), LONG).await {
-            Claim::Completed { payload, .. } => assert_eq!(payload, "late"),
-            other => panic!("a replay, not a takeover: {other:?}"),
-        }
-        // Renews after its lease: live again.
-        let owner = expire(&store, "renew").await;
-        store.renew(&id("renew"), owner, LONG).await.expect("renew");
-        assert!(matches!(
-            claim(&store, &id("renew"), FencingToken::random(), LONG).await,
-            Claim::InProgress { .. }
-        ));
-        // Releases after its lease.
-        let owner = expire(&store, "release").await;
-        store.release(&id("release"), owner).await.expect("release");
-        assert_eq!(store.inspect(&id("release")).await.expect("inspect"), None);
-        // Once taken over, every write of the old token is fenced.
-        let owner = expire(&store, "taken").await;
-        assert_eq!(
-            claim(&store, &id("taken"), FencingToken::random(), LONG).await,
-            Claim::Acquired { takeover: true }
-        );
-        for result in [
-            store
-                .complete(&id("taken"), owner, Bytes::new(), LONG)
-                .await,
-            store.renew(&id("taken"), owner, LONG).await,
-            store.release(&id("taken"), owner).await,
-        ] {
-            assert!(result.expect_err("fenced").is_fenced());
-        }
-        // The rest of today's suite holds in this mode too.
-        use crate::testing::conformance as c;
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
-        c::claim_returns_the_live_record(&store).await;
-        c::writes_are_fenced_by_token(&store).await;
-        c::takeover_after_lease_expiry(&store).await;
-        c::concurrent_takeover_is_atomic(&store).await;
-        c::release_makes_the_record_claimable(&store).await;
-        c::renew_extends_the_lease(&store).await;
-        c::retention_expiry(&store).await;
-    }
 }
