@@ -192,6 +192,9 @@ impl Preset {
     /// Any [`VerifySignature`] fits: [`StandardWebhooksVerifier`], [`HmacVerifier`],
     /// [`DiditVerifier`], or one of your own.
     ///
+    /// The layer steps aside on safe methods (`GET`, `HEAD`, `OPTIONS`, `TRACE`), and so
+    /// does the check: route webhooks with `post(..)`, as senders deliver them.
+    ///
     /// ```
     /// use axum::{Router, routing::post};
     /// use idemkey::server::Engine;
