@@ -377,7 +377,7 @@ async fn fail_open_runs_the_handler_unguarded_only_when_configured() {
 }
 
 #[tokio::test]
-async fn outcome_policy_releases_5xx_408_429_and_stores_the_rest() {
+async fn outcome_policy_releases_5xx_408_429_and_answers_refused_as_sent_and_stores_the_rest() {
     let (server, ctx) = start_default().await;
     let client = http();
     let base = server.url("/echo");
@@ -386,9 +386,20 @@ async fn outcome_policy_releases_5xx_408_429_and_stores_the_rest() {
         (503, false),
         (408, false),
         (429, false),
-        (404, true),
-        (400, true),
+        // Refused as sent: nothing began executing, so the key is not burnt.
+        (400, false),
+        (401, false),
+        (403, false),
+        (404, false),
+        (405, false),
+        (415, false),
+        // A handler's judgement against the state it found: kept.
+        (402, true),
+        (409, true),
+        (410, true),
+        (422, true),
         (200, true),
+        (302, true),
     ] {
         let url = format!("{base}?status={status}");
         let key = format!("k-policy-{status}");
@@ -428,6 +439,59 @@ async fn outcome_policy_releases_5xx_408_429_and_stores_the_rest() {
             &"true".parse::<reqwest::header::HeaderValue>().expect("hv")
         )
     );
+    assert_eq!(ctx.runs.count(), 1);
+
+    // Stripe's rule: every answer once execution began, but not those refused as sent.
+    let (server, ctx) = start(
+        IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+            .policy(OutcomePolicy::began_executing()),
+    )
+    .await;
+    for (status, stored) in [(500, true), (404, false), (401, false), (409, true)] {
+        let url = server.url(&format!("/echo?status={status}"));
+        let key = format!("k-began-{status}");
+        let before = ctx.runs.count();
+        post_json(&client, &url, Some(&key), "{}").await;
+        let again = post_json(&client, &url, Some(&key), "{}").await;
+        assert_eq!(
+            again.headers().get("idempotent-replayed").is_some(),
+            stored,
+            "{status}"
+        );
+        assert_eq!(ctx.runs.count() - before, if stored { 1 } else { 2 });
+    }
+}
+
+/// A request the router refuses before any handler runs (`PUT` to a `POST`-only route:
+/// `405`) does not burn its key: the `POST` sent next with that key runs, instead of
+/// being answered `422 key-reused` for the retention period.
+#[tokio::test]
+async fn a_method_the_route_does_not_serve_leaves_the_key_for_the_right_method() {
+    let store = MemoryStore::new();
+    let (server, ctx) = start(IdempotencyLayer::new(Engine::new(store.clone()))).await;
+    let client = http();
+    let url = server.url("/echo");
+    let wrong = client
+        .put(&url)
+        .header("idempotency-key", "k-405")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .expect("the router answers");
+    assert_eq!(wrong.status(), 405);
+    assert_eq!(ctx.runs.count(), 0);
+    assert_eq!(
+        store
+            .inspect(&RecordId::new("", "k-405"))
+            .await
+            .expect("inspect"),
+        None,
+        "the 405 released the key"
+    );
+    let right = post_json(&client, &url, Some("k-405"), "{}").await;
+    assert_eq!(right.status(), 201, "the POST with the same key runs");
+    assert!(right.headers().get("idempotent-replayed").is_none());
     assert_eq!(ctx.runs.count(), 1);
 }
 

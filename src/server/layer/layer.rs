@@ -236,7 +236,9 @@ impl IdempotencyLayer {
         self.with(|c| c.fingerprinter = fingerprinter)
     }
 
-    /// Which responses are stored (default: 2xx, 3xx and 4xx but 408 and 429).
+    /// Which responses are stored (default: 2xx, 3xx and the 4xx a handler gives after
+    /// judging the request; 5xx, 408, 429 and the answers that refuse a request as sent,
+    /// such as 404 and 405, release the key: see [`OutcomePolicy`]).
     #[must_use]
     pub fn policy(self, policy: OutcomePolicy) -> Self {
         self.with(|c| c.policy = policy)
