@@ -131,6 +131,44 @@ async fn malformed_keys_are_400_before_any_store_lookup() {
     assert_eq!(ctx.runs.count(), 0);
 }
 
+/// A key judged from a header is answered before the body is read: a client that asks
+/// `Expect: 100-continue` gets the `400` and never a `100 Continue`, so it never sends
+/// the body (here a megabyte it announced and holds back). A valid key gets the
+/// `100 Continue`, which shows the test can tell the two apart.
+#[tokio::test]
+async fn a_bad_key_is_answered_before_the_body_is_read() {
+    use support::raw::{Raw, status};
+    let (server, ctx) = start_default().await;
+    let request = |key: Option<&str>| {
+        let key = key
+            .map(|k| format!("idempotency-key: {k}\r\n"))
+            .unwrap_or_default();
+        format!(
+            "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\nexpect: 100-continue\r\n{key}\r\n"
+        )
+    };
+    for (key, problem) in [(Some("a b"), "invalid-key"), (None, "missing-key")] {
+        let mut conn = Raw::connect(server.addr()).await;
+        conn.send(request(key).as_bytes()).await;
+        let (head, body) = conn.response().await;
+        assert_eq!(status(&head), 400, "no 100 Continue first: {head}");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("a problem");
+        assert!(
+            v["type"].as_str().is_some_and(|t| t.ends_with(problem)),
+            "{v}"
+        );
+    }
+
+    let mut conn = Raw::connect(server.addr()).await;
+    conn.send(request(Some("k-continue")).as_bytes()).await;
+    let head = conn.head().await;
+    assert_eq!(status(&head), 100, "{head}");
+    conn.send(&vec![b' '; 1_000_000]).await;
+    let (head, _) = conn.response().await;
+    assert_eq!(status(&head), 201, "{head}");
+    assert_eq!(ctx.runs.count(), 1, "only the request with a valid key ran");
+}
+
 #[tokio::test]
 async fn body_over_the_limit_is_413() {
     let (server, ctx) =

@@ -61,6 +61,9 @@ struct Config {
     store: Arc<dyn Store>,
     lease: Duration,
     renew_every: Duration,
+    /// `renew_every` as set with [`EngineBuilder::renew_every`], kept for derived
+    /// engines; `None` renews every third of the lease.
+    renew_every_set: Option<Duration>,
     retention: Duration,
     fail_open: bool,
     unavailable_retry_after: Duration,
@@ -145,7 +148,6 @@ impl std::error::Error for ClaimError {
 #[must_use]
 pub struct EngineBuilder {
     cfg: Config,
-    renew_every: Option<Duration>,
 }
 
 impl fmt::Debug for EngineBuilder {
@@ -168,7 +170,7 @@ impl EngineBuilder {
 
     /// How often a running operation renews its lease (default a third of the lease).
     pub fn renew_every(mut self, every: Duration) -> Self {
-        self.renew_every = Some(every);
+        self.cfg.renew_every_set = Some(every);
         self
     }
 
@@ -210,7 +212,8 @@ impl EngineBuilder {
     #[must_use]
     pub fn build(mut self) -> Engine {
         self.cfg.renew_every = self
-            .renew_every
+            .cfg
+            .renew_every_set
             .unwrap_or(self.cfg.lease / 3)
             .clamp(Duration::from_millis(1), self.cfg.lease);
         Engine {
@@ -245,21 +248,20 @@ impl Engine {
                 store: Arc::new(store),
                 lease: DEFAULT_LEASE,
                 renew_every: DEFAULT_LEASE / 3,
+                renew_every_set: None,
                 retention: DEFAULT_RETENTION,
                 fail_open: false,
                 unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
                 in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
             },
-            renew_every: None,
         }
     }
 
     /// A builder with this engine's settings and store, to derive another engine from
-    /// it (renewing every third of its lease).
+    /// it (renewing as this one was set to, or every third of its lease).
     pub(crate) fn to_builder(&self) -> EngineBuilder {
         EngineBuilder {
             cfg: (*self.cfg).clone(),
-            renew_every: None,
         }
     }
 

@@ -274,6 +274,10 @@ impl ExtractKey for KeySource {
     fn describe(&self) -> Cow<'static, str> {
         Cow::Owned(format!("the delivery's {self}"))
     }
+
+    fn needs_body(&self) -> bool {
+        self.0.needs_body()
+    }
 }
 
 /// Plugs a scope source into
@@ -282,6 +286,10 @@ impl ExtractKey for KeySource {
 impl ExtractScope for ScopeSource {
     fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
         Ok(self.extract(&parts.headers, body)?.unwrap_or_default())
+    }
+
+    fn needs_body(&self) -> bool {
+        self.0.needs_body()
     }
 }
 
@@ -344,6 +352,17 @@ impl Role {
 }
 
 impl Field {
+    /// `true` when reading the field may need the body (a JSON field anywhere in it).
+    fn needs_body(&self) -> bool {
+        match self {
+            Field::Header(_) | Field::Constant(_) => false,
+            Field::Pointer(_) => true,
+            Field::FirstOf(fields) | Field::Composite(fields) => {
+                fields.iter().any(Field::needs_body)
+            }
+        }
+    }
+
     fn or(self, fallback: Field) -> Field {
         match self {
             Field::FirstOf(mut v) => {

@@ -61,9 +61,9 @@ pub(super) struct Config {
     pub(super) fingerprinter: Fingerprinter,
     pub(super) policy: OutcomePolicy,
     pub(super) body_limit: usize,
+    pub(super) body_read_timeout: Option<Duration>,
     pub(super) stored_response_limit: usize,
     pub(super) deny: Vec<HeaderName>,
-    pub(super) retention: Option<Duration>,
     pub(super) key_reused_status: StatusCode,
 }
 
@@ -116,9 +116,9 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("engine", &self.cfg.engine)
             .field("fingerprinter", &self.cfg.fingerprinter)
             .field("body_limit", &self.cfg.body_limit)
+            .field("body_read_timeout", &self.cfg.body_read_timeout)
             .field("stored_response_limit", &self.cfg.stored_response_limit)
             .field("deny", &self.cfg.deny)
-            .field("retention", &self.cfg.retention)
             .field("key_reused_status", &self.cfg.key_reused_status)
             .finish_non_exhaustive()
     }
@@ -147,9 +147,9 @@ impl IdempotencyLayer {
                 fingerprinter: Fingerprinter::new(),
                 policy: OutcomePolicy::default(),
                 body_limit: DEFAULT_BODY_LIMIT,
+                body_read_timeout: None,
                 stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
                 deny: vec![header::SET_COOKIE],
-                retention: None,
                 key_reused_status: Problem::KeyReused.default_status(),
             }),
         }
@@ -250,6 +250,29 @@ impl IdempotencyLayer {
         self.with(|c| c.body_limit = bytes)
     }
 
+    /// How long the whole request body may take to arrive (default: no limit of the
+    /// layer's own). A body that has not arrived by then (shorter than its
+    /// `Content-Length`, or a sender that stalled) gets
+    /// `408 body-timeout` with `Connection: close`; the key is not claimed, so the
+    /// request can be sent again with it.
+    ///
+    /// The timer runs from the moment the layer starts reading the body, after the head
+    /// was read; the server in front should bound the head too (hyper's
+    /// `http1::Builder::header_read_timeout`, which `axum::serve` leaves unset).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .body_read_timeout(Duration::from_secs(30));
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn body_read_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.body_read_timeout = Some(timeout))
+    }
+
     /// The largest response body stored (default 1 MiB). A larger response is still
     /// sent to its caller; the key stays completed, and retries get
     /// `410 response-not-stored` instead of a second execution.
@@ -277,9 +300,16 @@ impl IdempotencyLayer {
 
     /// Keep records of this layer for `retention` instead of the engine's default
     /// (7 days for webhooks, say).
+    ///
+    /// The layer then runs on an engine derived from the one it was given (same store,
+    /// lease and settings) with this retention, so that every claim asks the store for
+    /// the retention its record will really get: an abandoned claim is kept as long
+    /// (see [`ClaimRequest::retention`](crate::store::ClaimRequest::retention)), and so
+    /// is the time the engine goes on trying to record an outcome through a store
+    /// outage. [`IdempotencyLayer::engine`] returns the derived engine.
     #[must_use]
     pub fn retention(self, retention: Duration) -> Self {
-        self.with(|c| c.retention = Some(retention))
+        self.with(|c| c.engine = c.engine.to_builder().retention(retention).build())
     }
 
     /// The status of `key-reused` answers (default `422`).

@@ -115,12 +115,20 @@ impl ExtractKey for Preset {
     fn describe(&self) -> Cow<'static, str> {
         ExtractKey::describe(&self.key)
     }
+
+    fn needs_body(&self) -> bool {
+        ExtractKey::needs_body(&self.key)
+    }
 }
 
 /// The preset's scope: `webhook:<name>`, or `webhook:<name>/<tenant>`.
 impl ExtractScope for Preset {
     fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
         self.scope_of(&parts.headers, body)
+    }
+
+    fn needs_body(&self) -> bool {
+        self.scope.as_ref().is_some_and(ExtractScope::needs_body)
     }
 }
 
