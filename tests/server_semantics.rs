@@ -370,14 +370,17 @@ async fn a_store_blip_while_completing_does_not_lose_the_outcome() {
     // The handler ran; the store fails the first two attempts to record its response.
     // Losing the outcome would leave the key in progress (409) until the lease ends and
     // then run the handler a second time.
+    // The caller is answered at once; the outcome is recorded in the background.
     let store = FlakyStore::default();
     store.failing_completes.store(2, Ordering::SeqCst);
-    let (server, ctx) = start(IdempotencyLayer::new(Engine::new(store.clone()))).await;
+    let engine = Engine::new(store.clone());
+    let (server, ctx) = start(IdempotencyLayer::new(engine.clone())).await;
     let client = http();
     let url = server.url("/echo");
     let first = post_json(&client, &url, Some("k-blip"), r#"{"n":1}"#).await;
     assert_eq!(first.status(), 201);
     let first_body = first.bytes().await.expect("body");
+    engine.wait_for_recordings().await;
     assert_eq!(
         store.failing_completes.load(Ordering::SeqCst),
         0,

@@ -75,18 +75,41 @@ pub(super) struct Config {
 /// 1. decides whether a key is required ([`IdempotencyLayer::require`]; by default
 ///    required on every method but `GET`, `HEAD`, `OPTIONS` and `TRACE`, on which the
 ///    layer steps aside),
-/// 2. buffers the body up to [`IdempotencyLayer::body_limit`] (`413` beyond),
-/// 3. extracts the key ([`ExtractKey`]; `400 missing-key` / `400 invalid-key`) and the
-///    scope ([`ExtractScope`]), fingerprints the request ([`Fingerprinter`]),
-/// 4. claims the key: a completed key is replayed (same status, headers and body bytes,
+/// 2. judges a key that comes from the head ([`ExtractKey::needs_body`]; a header, by
+///    default) before reading the body: `400 missing-key` / `400 invalid-key` at once,
+///    without a `100 Continue`,
+/// 3. buffers the body up to [`IdempotencyLayer::body_limit`] (`413` beyond), within
+///    [`IdempotencyLayer::body_read_timeout`] when set (`408` beyond),
+/// 4. extracts a key or scope that needs the body ([`ExtractKey`], [`ExtractScope`]),
+///    fingerprints the request ([`Fingerprinter`]),
+/// 5. claims the key: a completed key is replayed (same status, headers and body bytes,
 ///    plus `Idempotent-Replayed: true`), a key of another request gets `422`, a running
 ///    one `409` with `Retry-After`, a failing store `503` with `Retry-After`,
-/// 5. runs the inner service while renewing the lease, in place; if the caller goes
+/// 6. runs the inner service while renewing the lease, in place; if the caller goes
 ///    away (hyper drops the response future), the rest moves **to a spawned task**, so
 ///    a client that disconnects does not cancel the handler: its response is still
 ///    recorded and the retry receives the replay,
-/// 6. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
+/// 7. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
 ///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
+///
+/// # When the store fails after the handler answered
+///
+/// The response is recorded before the caller gets it whenever the store answers. If
+/// the store is unavailable then, the caller gets its response **at once** and the
+/// outcome moves to a background task that keeps trying (a pause doubling up to 1 s,
+/// for up to the retention; [`Execution::complete_or_defer`](crate::server::Execution::complete_or_defer)):
+/// a store outage of minutes does not hold responses for minutes, and the outcome is
+/// recorded once the store is back, even after the lease ended, as long as nobody took
+/// the key over. Until then duplicates get `409 in-progress` while the lease lasts, and
+/// `503` while the store is down.
+///
+/// What remains: a retry that arrives **after the lease ended and before the outcome is
+/// recorded** (the store still down, or back for less than a pause) takes the key over
+/// and runs the handler again (the late outcome is then fenced, never written over the
+/// new one). To narrow that window, give the engine a longer
+/// [lease](crate::server::EngineBuilder::lease) (a crashed process then blocks its keys
+/// longer too), or let duplicates wait for the first answer. Before a process exits,
+/// [`Engine::wait_for_recordings`] lets the background recordings end.
 ///
 /// The inner service receives [`RequestBody`](crate::server::RequestBody) (the buffered
 /// bytes, or the untouched body where the layer stepped aside) and the caller receives

@@ -16,7 +16,7 @@ use crate::IdempotencyKey;
 use crate::protocol::Problem;
 use crate::server::body::{self, BoxError, Collected, ReadError, RequestBody, ResponseBody};
 use crate::server::engine::Claimed;
-use crate::server::execution::Execution;
+use crate::server::execution::{Completion, Execution};
 use crate::server::policy::Outcome;
 use crate::server::rejection::Rejection;
 use crate::server::stored_response;
@@ -268,7 +268,7 @@ where
     {
         Collected::Full(bytes) => {
             let record = stored_response::record(&parts, bytes.clone(), &cfg.deny);
-            finish(exec.complete(record.encode()).await, "complete");
+            record_outcome(exec, record.encode()).await;
             Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
         }
         Collected::TooLarge(prefix, rest) => {
@@ -278,7 +278,7 @@ where
                 retries_get = %Problem::ResponseNotStored,
                 "response too large to store"
             );
-            finish(exec.complete(record.encode()).await, "complete");
+            record_outcome(exec, record.encode()).await;
             Ok(Response::from_parts(
                 parts,
                 ResponseBody::chain(prefix, rest),
@@ -288,6 +288,16 @@ where
             finish(exec.release().await, "release");
             Ok(Rejection::response_failed(e).into_response())
         }
+    }
+}
+
+/// Records the outcome before the caller is answered when the store answers; through a
+/// store outage, in the background (the spawned task owns the outcome and logs how it
+/// ends), so that the caller is not held for as long as the outage lasts.
+async fn record_outcome(exec: Execution, payload: Bytes) {
+    match exec.complete_or_defer(payload).await {
+        Ok(Completion::Recorded | Completion::Deferred(_)) => {}
+        Err(e) => finish(Err(e), "complete"),
     }
 }
 
