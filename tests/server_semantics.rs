@@ -169,6 +169,35 @@ async fn a_bad_key_is_answered_before_the_body_is_read() {
     assert_eq!(ctx.runs.count(), 1, "only the request with a valid key ran");
 }
 
+/// A body shorter than its `Content-Length` is answered `408 body-timeout` once the
+/// layer's body-read timeout passes, and its key is not claimed.
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_408_and_claims_nothing() {
+    use support::raw::{Raw, status};
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::new(Engine::new(store.clone()))
+        .body_read_timeout(Duration::from_millis(200));
+    let (server, ctx) = start(layer).await;
+    let mut conn = Raw::connect(server.addr()).await;
+    conn.send(b"POST /echo HTTP/1.1\r\nhost: x\r\nidempotency-key: k-slow\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n{\"n\":")
+        .await;
+    let (head, body) = conn.response().await;
+    assert_eq!(status(&head), 408, "{head}");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("a problem");
+    assert_eq!(v["type"], "urn:idemkey:problem:body-timeout");
+    assert_eq!(
+        store
+            .inspect(&RecordId::new("", "k-slow"))
+            .await
+            .expect("inspect"),
+        None,
+        "the key was not claimed"
+    );
+    assert_eq!(ctx.runs.count(), 0);
+    let whole = post_json(&http(), &server.url("/echo"), Some("k-slow"), "{}").await;
+    assert_eq!(whole.status(), 201, "the request runs with that key");
+}
+
 #[tokio::test]
 async fn body_over_the_limit_is_413() {
     let (server, ctx) =
