@@ -297,7 +297,9 @@ struct Args {
 fn args() -> Result<Args, String> {
     let m = clap::Command::new("webhook_receiver")
         .about("Receives Stripe, GitHub and Standard Webhooks deliveries exactly once")
-        .override_usage("webhook_receiver --addr ADDR [--store URL] [--secret SECRET]")
+        .override_usage(
+            "webhook_receiver --addr ADDR [--store URL] [--secret SECRET] [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]",
+        )
         .arg(
             clap::Arg::new("addr")
                 .long("addr")

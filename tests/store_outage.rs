@@ -15,6 +15,16 @@ use support::verifier::Answer;
 
 const KEYS: usize = 20;
 
+/// A store on the private Redis at `url`, answering within 1 s while it is down.
+async fn redis_store(url: &str) -> Arc<dyn Store> {
+    let store = idemkey::store::RedisStore::builder(url)
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    Arc::new(store)
+}
+
 /// Sends `key` until the reply is not a 503 (the store reconnecting), bounded.
 async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str) -> Answer {
     for _ in 0..200 {
@@ -110,13 +120,8 @@ async fn redis_outage() {
     // records must be, or a restart forgets completed requests.
     let server = std::sync::Mutex::new(support::RedisServer::start_durable());
     let url = server.lock().expect("server").url();
-    let store = idemkey::store::RedisStore::builder(&url)
-        .response_timeout(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect to the private Redis");
     outage_scenario(
-        Arc::new(store),
+        redis_store(&url).await,
         || server.lock().expect("server").kill(),
         || server.lock().expect("server").restart(),
     )
@@ -180,12 +185,7 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
     use idemkey::client::{ClientBuilder, ResponseExt};
 
     let mut server = support::RedisServer::start_durable();
-    let store = idemkey::store::RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect to the private Redis");
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store = redis_store(&server.url()).await;
     let app = ChargeApp::new();
     let apps = [
         apps::spawn_app(Arc::clone(&store), &app).await,
@@ -275,12 +275,7 @@ async fn a_charge_running_when_redis_dies_is_recorded_once_redis_is_back() {
 
     const LEASE: Duration = Duration::from_secs(1);
     let mut server = support::RedisServer::start_durable();
-    let store = idemkey::store::RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect to the private Redis");
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store = redis_store(&server.url()).await;
     let engine = Engine::builder(Arc::clone(&store)).lease(LEASE).build();
     let gate = support::gate::Gate::default();
     let app = ChargeApp::gated(gate.clone());
