@@ -45,8 +45,9 @@ use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: charge_server --addr IP:PORT [--store URL]
                      [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]
-  stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB
-  (each needs its idemkey feature: sqlite, redis, postgres; e.g. --all-features)
+  stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB,
+          mysql://USER@HOST:PORT/DB, dynamodb://TABLE?region=REGION
+  (each needs its idemkey feature: sqlite, redis, postgres, mysql, dynamodb; e.g. --all-features)
   timeouts: 10000 ms for a request head, 30000 ms for a body, by default";
 
 /// How long a shutdown waits for outcomes still being recorded after a store outage.
@@ -107,7 +108,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // PostgreSQL and SQLite keep expired records until swept.
+    // PostgreSQL, MySQL and SQLite keep expired records until swept.
     let _sweeper =
         idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
     let engine = Engine::new(store);
