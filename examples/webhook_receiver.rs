@@ -32,6 +32,11 @@
 //! base64 (Standard Webhooks) or hex (Adyen) is used as raw key bytes there. Timestamps
 //! must be within 5 minutes.
 //!
+//! It does not wait forever for a sender: a connection whose request head has not
+//! arrived within `--header-read-timeout-ms` (default 10 000) is closed, and a body
+//! that has not arrived within `--body-read-timeout-ms` (default 30 000) is answered
+//! `408 body-timeout`, before its signature is checked or its id claimed.
+//!
 //! A duplicate delivery gets the first delivery's 2xx replayed (with
 //! `Idempotent-Replayed: true`); a duplicate that arrives while the first is being
 //! processed gets 409 with `Retry-After`; a delivery whose handler fails (5xx) releases
@@ -40,18 +45,26 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::StatusCode;
 use idemkey::server::Engine;
+use idemkey::server::Rejection;
 use idemkey::server::webhook::{
     AdyenHmacVerifier, BatchDeduper, DiditVerifier, HmacVerifier, Preset, StandardWebhooksVerifier,
 };
 use idemkey::store::Store;
+
+#[path = "common/serve.rs"]
+mod serve;
+
+/// The largest Adyen batch read (the presets' layers have the same default, 2 MiB).
+const BODY_LIMIT: usize = idemkey::server::DEFAULT_BODY_LIMIT;
 
 /// Counts events processed by the handlers (replays do not reach them).
 #[derive(Clone, Default)]
@@ -66,7 +79,20 @@ impl Stats {
 }
 
 /// The receiver's routes over `store`; with `secret`, signatures are checked first.
+#[allow(
+    dead_code,
+    reason = "the tests' way in; the binary sets its own timeouts"
+)]
 pub(crate) fn app(store: Arc<dyn Store>, secret: Option<&str>) -> (Router, Stats) {
+    app_with(store, secret, serve::BODY_READ_TIMEOUT)
+}
+
+/// [`app`], with the time a delivery's body has to arrive.
+pub(crate) fn app_with(
+    store: Arc<dyn Store>,
+    secret: Option<&str>,
+    body_read_timeout: Duration,
+) -> (Router, Stats) {
     let engine = Engine::new(store.clone());
     let stats = Stats::default();
     let (stripe, github, standard, didit) = (
@@ -99,9 +125,10 @@ pub(crate) fn app(store: Arc<dyn Store>, secret: Option<&str>) -> (Router, Stats
     // `Router::layer`, which would wrap the fallback too and answer unknown paths with
     // the preset's `400 missing-key`).
     let route = |path: &str, preset: Preset| {
-        Router::new()
-            .route(path, post(receive))
-            .route_layer(preset.layer(engine.clone()))
+        let layer = preset
+            .layer(engine.clone())
+            .body_read_timeout(body_read_timeout);
+        Router::new().route(path, post(receive)).route_layer(layer)
     };
     let router = Router::new()
         .merge(route("/webhooks/stripe", stripe))
@@ -116,6 +143,7 @@ pub(crate) fn app(store: Arc<dyn Store>, secret: Option<&str>) -> (Router, Stats
                 .with_state(Adyen {
                     dedup: adyen,
                     stats: stats.clone(),
+                    body_read_timeout,
                 }),
         );
     (router, stats)
@@ -134,11 +162,22 @@ async fn receive(State(stats): State<Stats>, body: Bytes) -> impl IntoResponse {
 struct Adyen {
     dedup: BatchDeduper,
     stats: Stats,
+    body_read_timeout: Duration,
 }
 
 /// Processes the items of an Adyen batch that were not processed before (here: counts
-/// them), then answers `[accepted]`, or what the batch's state calls for.
-async fn receive_adyen(State(adyen): State<Adyen>, body: Bytes) -> impl IntoResponse {
+/// them), then answers `[accepted]`, or what the batch's state calls for. The body is
+/// read as the presets' layers read theirs: up to the limit, within the timeout.
+async fn receive_adyen(State(adyen): State<Adyen>, req: Request) -> impl IntoResponse {
+    let read = axum::body::to_bytes(req.into_body(), BODY_LIMIT);
+    let body = match tokio::time::timeout(adyen.body_read_timeout, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) if is_length_limit(&e) => {
+            return Rejection::body_too_large(BODY_LIMIT).into_response();
+        }
+        Ok(Err(e)) => return Rejection::body_unreadable(e).into_response(),
+        Err(_) => return Rejection::body_timeout(adyen.body_read_timeout).into_response(),
+    };
     let stats = &adyen.stats;
     let result = adyen
         .dedup
@@ -150,23 +189,38 @@ async fn receive_adyen(State(adyen): State<Adyen>, body: Bytes) -> impl IntoResp
     adyen.dedup.respond(result)
 }
 
+/// `true` when reading the body failed because it passed the limit (not because the
+/// sender went away mid-body).
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 async fn stats_handler(State(stats): State<Stats>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "processed": stats.processed() }))
 }
 
-/// The command line: `--addr`, `--store`, `--secret`.
+/// The command line: `--addr`, `--store`, `--secret` and the timeouts.
 struct Args {
     addr: SocketAddr,
     store: String,
     secret: Option<String>,
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
 }
 
 fn args() -> Result<Args, String> {
     let m = clap::Command::new("webhook_receiver")
-        .about(
-            "Receives Stripe, GitHub, Standard Webhooks, Didit and Adyen deliveries exactly once",
+        .about("Receives Stripe, GitHub, Standard Webhooks, Didit and Adyen deliveries exactly once")
+        .override_usage(
+            "webhook_receiver --addr ADDR [--store URL] [--secret SECRET] [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]",
         )
-        .override_usage("webhook_receiver --addr ADDR [--store URL] [--secret SECRET]")
         .arg(
             clap::Arg::new("addr")
                 .long("addr")
@@ -183,8 +237,22 @@ fn args() -> Result<Args, String> {
                 .long("secret")
                 .help("webhook signing secret; signatures are checked only when given"),
         )
+        .arg(
+            clap::Arg::new("header-read-timeout-ms")
+                .long("header-read-timeout-ms")
+                .help("close a connection whose request head takes longer (ms; default 10000)"),
+        )
+        .arg(
+            clap::Arg::new("body-read-timeout-ms")
+                .long("body-read-timeout-ms")
+                .help("answer 408 to a delivery whose body takes longer (ms; default 30000)"),
+        )
         .get_matches();
     let get = |name: &str| m.get_one::<String>(name).cloned();
+    let millis = |name: &str, default: Duration| match get(name) {
+        Some(v) => serve::millis(&format!("--{name}"), &v),
+        None => Ok(default),
+    };
     let addr = get("addr")
         .ok_or("--addr is required: the address to listen on, e.g. --addr 127.0.0.1:8080")?;
     Ok(Args {
@@ -193,6 +261,8 @@ fn args() -> Result<Args, String> {
             .map_err(|e| format!("--addr {addr:?} is not an address like 127.0.0.1:8080: {e}"))?,
         store: get("store").unwrap_or_else(|| "memory".into()),
         secret: get("secret"),
+        header_read_timeout: millis("header-read-timeout-ms", serve::HEADER_READ_TIMEOUT)?,
+        body_read_timeout: millis("body-read-timeout-ms", serve::BODY_READ_TIMEOUT)?,
     })
 }
 
@@ -207,7 +277,7 @@ async fn main() {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let store = idemkey::store::open(&args.store).await?;
-    let (app, _stats) = app(store, args.secret.as_deref());
+    let (app, _stats) = app_with(store, args.secret.as_deref(), args.body_read_timeout);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     eprintln!(
         "webhook_receiver listening on http://{} (store: {}, signatures: {})",
@@ -219,6 +289,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             "not checked"
         }
     );
-    axum::serve(listener, app).await?;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve::serve(listener, app, args.header_read_timeout, shutdown).await;
     Ok(())
 }

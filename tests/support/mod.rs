@@ -10,6 +10,9 @@
 //! - [`verifier`]: HTTP shortcuts against a verifier, [`verifier::Answer`], a store that
 //!   fails on demand;
 //! - [`apps`]: the examples' charge app over a given store;
+//! - [`examples`]: the example programs run as processes;
+//! - [`raw`]: HTTP/1.1 over a raw TCP socket (stalled heads, short bodies,
+//!   `Expect: 100-continue`);
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries.
 #![allow(
     dead_code,
@@ -18,8 +21,10 @@
 
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
+pub(crate) mod examples;
 pub(crate) mod gate;
 pub(crate) mod moto;
+pub(crate) mod raw;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
 pub(crate) mod webhook;

@@ -111,8 +111,9 @@ impl Answer {
 }
 
 /// A memory store that fails every operation while `failing` is set (an outage switch),
-/// and counts every operation the verifier asks of it (claims, completions, renewals,
-/// releases): a count of 0 proves a request was refused before any record was touched.
+/// and counts the operations the verifier asks of it (claims, completions, renewals,
+/// releases; not the tests' own look-ups): a count of 0 proves a request was refused
+/// before any record was touched.
 #[derive(Clone, Default)]
 pub(crate) struct FlakyStore {
     pub(crate) inner: MemoryStore,
@@ -128,8 +129,13 @@ impl FlakyStore {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// Counts an operation the verifier asks, and fails it during an outage.
     fn check(&self, what: &str) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.fail_if_down(what)
+    }
+
+    fn fail_if_down(&self, what: &str) -> Result<(), StoreError> {
         if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::unavailable(
                 what.to_owned(),
@@ -179,8 +185,9 @@ impl Store for FlakyStore {
         self.check("release")?;
         self.inner.release(id, token).await
     }
-    /// For the tests' own look-ups: neither counted nor failed.
+    /// Fails during an outage like the rest; not counted (the tests look records up).
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.fail_if_down("inspect")?;
         self.inner.inspect(id).await
     }
 }
