@@ -84,11 +84,14 @@
 //! ([`Error::is_outcome_unknown`]). Other statuses (404, 401, ...) come back as
 //! ordinary responses.
 
+mod buffered;
 mod builder;
 mod error;
+mod flight;
 mod key;
 mod middleware;
 mod outcome;
+mod profile;
 mod request;
 mod response;
 mod retry;
@@ -96,8 +99,9 @@ mod retry;
 pub use builder::ClientBuilder;
 pub use error::Error;
 pub use middleware::IdempotencyKeyMiddleware;
+pub use profile::{AnswerMatch, KeyPlacement, VendorProfile};
 pub use request::{Attempt, RequestBuilderExt};
 pub use response::{IdempotencyInfo, ResponseExt};
 pub use retry::{
-    DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy, RetryMiddleware, default_policy,
+    DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy, RetryBudget, RetryMiddleware, default_policy,
 };

@@ -24,6 +24,8 @@ pub(crate) enum KeyChoice {
 pub(crate) struct KeyInUse {
     pub(crate) key: IdempotencyKey,
     pub(crate) passes: u32,
+    /// Generated at random by this crate (so no other call can carry it).
+    pub(crate) random: bool,
 }
 
 /// The number of the attempt being sent, set by the retry middleware in the request's
