@@ -1,4 +1,4 @@
-//! A charge API behind the verifier.
+//! A charge API behind the verifier (the app is `examples/common/charge_app.rs`).
 //!
 //! ```sh
 //! cargo run --example charge_server -- --addr 127.0.0.1:3000 [--store memory]
@@ -28,7 +28,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use idemkey::server::{Engine, IdempotencyLayer};
-use idemkey::testing::charges::ChargeApp;
+
+#[path = "common/charge_app.rs"]
+mod charge_app;
+use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: charge_server --addr IP:PORT [--store URL]
   stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB
@@ -81,7 +84,7 @@ async fn main() -> ExitCode {
     // PostgreSQL and SQLite keep expired records until swept.
     let _sweeper =
         idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
-    let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(store)));
+    let app = ChargeApp::new().router(IdempotencyLayer::new(Engine::new(store)));
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
         Ok(l) => l,
         Err(e) => {
@@ -97,7 +100,7 @@ async fn main() -> ExitCode {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match axum::serve(listener, app.router())
+    match axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
     {

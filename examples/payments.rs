@@ -4,10 +4,10 @@
 //! cargo run --example payments
 //! ```
 //!
-//! Starts the charge API (`examples/charge_server.rs`) in-process on the in-memory store,
-//! puts a fault injector between client and server that loses some responses after the
-//! server processed them, delays others and resets a few connections, and sends a batch
-//! of charges through the default client stack. Every lost response is retried with the
+//! Starts the charge API of `examples/charge_server.rs` (`examples/common/charge_app.rs`)
+//! in-process on the in-memory store, puts a fault injector between client and server
+//! that loses some responses after the server processed them, delays others and resets
+//! a few connections, and sends a batch of charges through the default client stack. Every lost response is retried with the
 //! same key and answered by a replay, so each charge is created exactly once. The last
 //! line is `operations=N attempts=M executions=E replays=R`, with E equal to N.
 #![allow(clippy::print_stdout)]
@@ -19,8 +19,11 @@ use futures_util::future::join_all;
 use idemkey::client::{ClientBuilder, Error, ResponseExt};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
-use idemkey::testing::charges::ChargeApp;
 use idemkey::testing::{Fault, FaultInjector, TestServer};
+
+#[path = "common/charge_app.rs"]
+mod charge_app;
+use charge_app::ChargeApp;
 
 const OPERATIONS: u64 = 24;
 
@@ -47,8 +50,9 @@ struct Outcome {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
-    let server = match TestServer::start(app.router()).await {
+    let app = ChargeApp::new();
+    let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
+    let server = match TestServer::start(app.router(layer)).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("cannot start the charge server on 127.0.0.1: {e}");

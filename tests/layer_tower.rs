@@ -11,7 +11,8 @@ use hyper_util::rt::TokioIo;
 use idemkey::server::{Engine, IdempotencyLayer, RequestBody};
 use idemkey::store::MemoryStore;
 use idemkey::testing::Executions;
-use support::verifier::{Gate, http, post_json};
+use support::gate::Gate;
+use support::verifier::{http, post_json};
 use tower::{Layer, ServiceExt};
 
 type Req = http::Request<RequestBody<Full<Bytes>>>;

@@ -12,16 +12,15 @@ use idemkey::IdempotencyKey;
 use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
-use idemkey::testing::charges::ChargeApp;
 use idemkey::testing::{Executions, Fault, FaultInjector, TestServer};
-use support::verifier::Gate;
+use support::apps::ChargeApp;
+use support::gate::Gate;
 use tokio::sync::Semaphore;
 
 async fn charge_app() -> (ChargeApp, TestServer) {
-    let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
-    let server = TestServer::start(app.router())
-        .await
-        .expect("charge server starts");
+    let app = ChargeApp::new();
+    let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
+    let server = support::serve(app.router(layer)).await;
     (app, server)
 }
 

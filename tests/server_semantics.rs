@@ -17,7 +17,8 @@ use idemkey::fingerprint::Fingerprinter;
 use idemkey::server::{Engine, EngineBuilder, IdempotencyLayer, KeyRequirement, OutcomePolicy};
 use idemkey::store::{ClaimRequest, FencingToken, MemoryStore, RecordId, Store};
 use idemkey::testing::{Executions, TestServer};
-use support::verifier::{FlakyStore, Gate, http, json, post_json, problem};
+use support::gate::Gate;
+use support::verifier::{FlakyStore, http, json, post_json, problem};
 
 #[derive(Clone, Default)]
 struct Ctx {

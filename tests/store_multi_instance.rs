@@ -5,12 +5,14 @@
 mod support;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::Store;
-use support::apps::{self, Handler, Reply};
+use idemkey::testing::TestServer;
+use support::apps::{self, ChargeApp};
+use support::gate::Gate;
+use support::verifier::Answer;
 
 const INSTANCES: usize = 4;
 const REQUESTS: usize = 400;
@@ -20,10 +22,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Arc<dyn Store>>,
 {
-    let handler = Handler::gated();
-    let mut addrs: Vec<SocketAddr> = Vec::new();
+    let gate = Gate::default();
+    let app = ChargeApp::gated(gate.clone());
+    let mut servers: Vec<TestServer> = Vec::new();
     for _ in 0..INSTANCES {
-        addrs.push(apps::spawn_app(make_store().await, handler.clone()).await);
+        servers.push(apps::spawn_app(make_store().await, &app).await);
     }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(REQUESTS)
@@ -33,13 +36,13 @@ where
 
     // Phase 1: the handler is held at its gate, so exactly one request runs it and the
     // 399 others must all be told "in progress".
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Reply>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Answer>();
     for i in 0..REQUESTS {
         let (client, key, tx, addr) = (
             client.clone(),
             key.clone(),
             tx.clone(),
-            addrs[i % INSTANCES],
+            servers[i % INSTANCES].addr(),
         );
         tokio::spawn(async move {
             let _ = tx.send(apps::charge(&client, addr, &key).await);
@@ -56,34 +59,38 @@ where
             reply.status, 409,
             "a duplicate of a running request: {reply:?}"
         );
-        assert!(reply.retry_after.is_some(), "409 carries Retry-After");
+        assert!(reply.retry_after().is_some(), "409 carries Retry-After");
         conflicts += 1;
     }
     assert_eq!(
-        handler.executions(),
+        app.executions().count(),
         1,
         "exactly one request reached the handler"
     );
-    handler.release(1);
+    gate.open(1);
     let first = rx.recv().await.expect("the first request's reply");
-    assert_eq!(first.status, 201, "{first:?}");
-    assert!(!first.replayed);
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(!first.replayed());
 
     // Phase 2: 400 concurrent retries over the 4 instances all get the stored reply.
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..REQUESTS {
-        let (client, key, addr) = (client.clone(), key.clone(), addrs[i % INSTANCES]);
+        let (client, key, addr) = (client.clone(), key.clone(), servers[i % INSTANCES].addr());
         tasks.spawn(async move { apps::charge(&client, addr, &key).await });
     }
     for reply in tasks.join_all().await {
-        assert_eq!(reply.status, 201, "{reply:?}");
-        assert!(reply.replayed, "a retry is a replay");
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert!(reply.replayed(), "a retry is a replay");
         assert_eq!(
             reply.body, first.body,
             "every caller gets the same completed reply"
         );
     }
-    assert_eq!(handler.executions(), 1, "no retry ran the handler again");
+    assert_eq!(
+        app.executions().count(),
+        1,
+        "no retry ran the handler again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::Store;
-use support::apps::{self, Handler, Reply};
+use support::apps::{self, ChargeApp};
+use support::verifier::Answer;
 
 const KEYS: usize = 20;
 
 /// Sends `key` until the reply is not a 503 (the store reconnecting), bounded.
-async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str) -> Reply {
+async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str) -> Answer {
     for _ in 0..200 {
         let reply = apps::charge(client, addr, key).await;
         if reply.status != 503 {
@@ -28,10 +29,10 @@ async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str)
 /// Runs the outage scenario against two apps over `store`; `kill` and `restart` act on
 /// the store's private server.
 async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut restart: impl FnMut()) {
-    let handler = Handler::open();
+    let app = ChargeApp::new();
     let apps = [
-        apps::spawn_app(Arc::clone(&store), handler.clone()).await,
-        apps::spawn_app(store, handler.clone()).await,
+        apps::spawn_app(Arc::clone(&store), &app).await,
+        apps::spawn_app(store, &app).await,
     ];
     let client = reqwest::Client::new();
     let before: Vec<String> = (0..KEYS)
@@ -43,38 +44,38 @@ async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut rest
 
     let mut completed = Vec::new();
     for (i, key) in before.iter().enumerate() {
-        let reply = apps::charge(&client, apps[i % 2], key).await;
-        assert_eq!(reply.status, 201, "before the outage: {reply:?}");
+        let reply = apps::charge(&client, apps[i % 2].addr(), key).await;
+        assert_eq!(reply.status, 200, "before the outage: {reply:?}");
         completed.push(reply.body);
     }
-    assert_eq!(handler.executions(), KEYS);
+    assert_eq!(app.executions().count(), KEYS as u64);
 
     kill();
     // Concurrently: each request may wait for the store's timeout before its 503.
     let mut refused = tokio::task::JoinSet::new();
     for (i, key) in before.iter().chain(&during).enumerate() {
-        let (client, key, addr) = (client.clone(), key.clone(), apps[i % 2]);
+        let (client, key, addr) = (client.clone(), key.clone(), apps[i % 2].addr());
         refused.spawn(async move { apps::charge(&client, addr, &key).await });
     }
     for reply in refused.join_all().await {
         assert_eq!(reply.status, 503, "while the store is down: {reply:?}");
         assert!(
-            reply.retry_after.is_some(),
+            reply.retry_after().is_some(),
             "503 carries Retry-After: {reply:?}"
         );
     }
     assert_eq!(
-        handler.executions(),
-        KEYS,
+        app.executions().count(),
+        KEYS as u64,
         "no handler ran while the store was down"
     );
 
     restart();
     for (i, key) in before.iter().enumerate() {
-        let reply = charge_when_back(&client, apps[i % 2], key).await;
-        assert_eq!(reply.status, 201, "after the outage: {reply:?}");
+        let reply = charge_when_back(&client, apps[i % 2].addr(), key).await;
+        assert_eq!(reply.status, 200, "after the outage: {reply:?}");
         assert!(
-            reply.replayed,
+            reply.replayed(),
             "a request completed before the outage is replayed"
         );
         assert_eq!(
@@ -83,21 +84,21 @@ async fn outage_scenario(store: Arc<dyn Store>, mut kill: impl FnMut(), mut rest
         );
     }
     assert_eq!(
-        handler.executions(),
-        KEYS,
+        app.executions().count(),
+        KEYS as u64,
         "nothing completed before the outage ran again"
     );
     for (i, key) in during.iter().enumerate() {
-        let reply = charge_when_back(&client, apps[i % 2], key).await;
-        assert_eq!(reply.status, 201, "{reply:?}");
+        let reply = charge_when_back(&client, apps[i % 2].addr(), key).await;
+        assert_eq!(reply.status, 200, "{reply:?}");
         assert!(
-            !reply.replayed,
+            !reply.replayed(),
             "a request refused during the outage runs now"
         );
     }
     assert_eq!(
-        handler.executions(),
-        2 * KEYS,
+        app.executions().count(),
+        2 * KEYS as u64,
         "each refused request ran once afterwards"
     );
 }
@@ -184,10 +185,10 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
         .await
         .expect("connect to the private Redis");
     let store: Arc<dyn Store> = Arc::new(store);
-    let handler = Handler::open();
+    let app = ChargeApp::new();
     let apps = [
-        apps::spawn_app(Arc::clone(&store), handler.clone()).await,
-        apps::spawn_app(store, handler.clone()).await,
+        apps::spawn_app(Arc::clone(&store), &app).await,
+        apps::spawn_app(store, &app).await,
     ];
     let refusals = Count503::default();
     let client = ClientBuilder::new(reqwest::Client::new())
@@ -200,7 +201,7 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
     server.kill();
     let mut operations = tokio::task::JoinSet::new();
     for i in 0..KEYS {
-        let (client, addr) = (client.clone(), apps[i % 2]);
+        let (client, addr) = (client.clone(), apps[i % 2].addr());
         operations.spawn(async move {
             let resp = client
                 .post(format!("http://{addr}/v1/charges"))
@@ -229,7 +230,7 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
     }
     assert!(refusals.0.load(std::sync::atomic::Ordering::SeqCst) >= KEYS);
     assert_eq!(
-        handler.executions(),
+        app.executions().count(),
         0,
         "nothing ran while the store was down"
     );
@@ -237,13 +238,13 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
 
     let done = operations.join_all().await;
     assert_eq!(
-        handler.executions(),
-        KEYS,
+        app.executions().count(),
+        KEYS as u64,
         "each operation charged exactly once"
     );
     let plain = reqwest::Client::new();
     for (i, addr, info, status, body) in done {
-        assert_eq!(status, 201);
+        assert_eq!(status, 200);
         assert!(info.attempts() >= 2, "retried through the outage: {info:?}");
         // A later retry of the same operation is a replay of the same charge.
         let reply = plain
@@ -254,9 +255,9 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
             .send()
             .await
             .expect("answer");
-        assert_eq!(reply.status(), 201);
+        assert_eq!(reply.status(), 200);
         assert_eq!(reply.headers()["idempotent-replayed"], "true");
         assert_eq!(reply.bytes().await.expect("body"), body);
     }
-    assert_eq!(handler.executions(), KEYS);
+    assert_eq!(app.executions().count(), KEYS as u64);
 }

@@ -1,14 +1,15 @@
 //! The batch deduper on the real memory store: lease renewal while a handler runs,
 //! release on cancellation, items without ids, invalid items.
 
-use std::sync::Arc;
+mod support;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use idemkey::server::webhook::{BatchDeduper, KeySource};
 use idemkey::store::MemoryStore;
-use tokio::sync::{Notify, mpsc};
+use support::gate::Gate;
 
 fn batch(ids: &[&str]) -> Bytes {
     let events: Vec<serde_json::Value> = ids
@@ -26,17 +27,15 @@ async fn ok(_: idemkey::server::webhook::BatchItem) -> Result<(), std::io::Error
 async fn a_long_handler_keeps_its_items_by_renewing_the_lease() {
     let dedup = BatchDeduper::sendgrid(MemoryStore::new()).with_lease(Duration::from_secs(3));
     let body = batch(&["sg_long"]);
-    let (entered_tx, mut entered) = mpsc::unbounded_channel();
-    let go = Arc::new(Notify::new());
+    let gate = Gate::default();
     let first = tokio::spawn({
-        let (dedup, body, go) = (dedup.clone(), body.clone(), go.clone());
+        let (dedup, body, gate) = (dedup.clone(), body.clone(), gate.clone());
         async move {
             dedup
                 .process(&body, |_| {
-                    let (tx, go) = (entered_tx.clone(), go.clone());
+                    let gate = gate.clone();
                     async move {
-                        let _ = tx.send(());
-                        go.notified().await;
+                        gate.pass().await;
                         Ok::<_, std::io::Error>(())
                     }
                 })
@@ -44,7 +43,7 @@ async fn a_long_handler_keeps_its_items_by_renewing_the_lease() {
                 .expect("first batch")
         }
     });
-    entered.recv().await.expect("the handler started");
+    gate.wait_entered(1).await; // the handler started
     // Ten times the lease passes while the handler runs, half a second at a time:
     // renewals (every third of the lease) keep the claim.
     for _ in 0..60 {
@@ -54,7 +53,7 @@ async fn a_long_handler_keeps_its_items_by_renewing_the_lease() {
     let dup = dedup.process(&body, ok).await.expect("duplicate batch");
     assert_eq!((dup.processed(), dup.in_progress()), (0, 1));
     assert!(!dup.is_settled(), "answer 409 so the sender retries");
-    go.notify_one();
+    gate.open(1);
     let first = first.await.expect("first task");
     assert_eq!(first.processed(), 1);
     let retry = dedup.process(&body, ok).await.expect("retry");
@@ -65,22 +64,22 @@ async fn a_long_handler_keeps_its_items_by_renewing_the_lease() {
 async fn a_cancelled_delivery_releases_its_item() {
     let dedup = BatchDeduper::sendgrid(MemoryStore::new());
     let body = batch(&["sg_cancelled"]);
-    let (entered_tx, mut entered) = mpsc::unbounded_channel();
+    let gate = Gate::default(); // never opened: the handler hangs
     let hung = tokio::spawn({
-        let (dedup, body) = (dedup.clone(), body.clone());
+        let (dedup, body, gate) = (dedup.clone(), body.clone(), gate.clone());
         async move {
             let _ = dedup
                 .process(&body, |_| {
-                    let tx = entered_tx.clone();
+                    let gate = gate.clone();
                     async move {
-                        let _ = tx.send(());
+                        gate.pass().await;
                         std::future::pending::<Result<(), std::io::Error>>().await
                     }
                 })
                 .await;
         }
     });
-    entered.recv().await.expect("the handler started");
+    gate.wait_entered(1).await; // the handler started
     hung.abort(); // the sender hung up
     let _ = hung.await;
     let runs = AtomicU64::new(0);

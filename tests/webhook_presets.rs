@@ -1,6 +1,8 @@
 //! Every preset against deliveries shaped like the provider's documented ones, and the
 //! retention floors against the real layer and store with a paused clock.
 
+mod support;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,10 +15,8 @@ use http::{HeaderMap, Request, StatusCode};
 use idemkey::server::Engine;
 use idemkey::server::webhook::{DEFAULT_WEBHOOK_RETENTION, Preset};
 use idemkey::store::MemoryStore;
+use support::webhook::headers;
 use tower::ServiceExt;
-use webhook_support::headers;
-
-mod webhook_support;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 

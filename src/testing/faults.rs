@@ -28,9 +28,84 @@ pub enum Fault {
     Reset,
 }
 
+impl Fault {
+    /// A plan that cycles through `faults`, one per attempt overall (no faults when
+    /// empty).
+    pub fn cycle(faults: Vec<Fault>) -> impl Fn(Shot) -> Fault + Send + Sync + 'static {
+        move |shot| {
+            let len = faults.len() as u64;
+            if len == 0 {
+                return Fault::None;
+            }
+            usize::try_from(shot.attempt % len)
+                .ok()
+                .and_then(|i| faults.get(i).copied())
+                .unwrap_or(Fault::None)
+        }
+    }
+
+    /// A plan that draws each attempt's fault at `rates`, from a pseudo-random sequence
+    /// fixed by `seed` and the attempt's overall number: the same seed and the same
+    /// order of attempts give the same faults in every run.
+    ///
+    /// ```
+    /// use idemkey::testing::{Fault, FaultRates, Shot};
+    /// let plan = Fault::seeded(7, FaultRates { lose: 0.5, ..FaultRates::default() });
+    /// let again = Fault::seeded(7, FaultRates { lose: 0.5, ..FaultRates::default() });
+    /// let shot = |attempt| Shot { attempt, key_attempt: 0, key_index: 0 };
+    /// assert!((0..100).all(|n| plan(shot(n)) == again(shot(n))));
+    /// let lost = (0..1000).filter(|&n| plan(shot(n)) == Fault::LoseResponse).count();
+    /// assert!((400..600).contains(&lost), "{lost}");
+    /// ```
+    pub fn seeded(seed: u64, rates: FaultRates) -> impl Fn(Shot) -> Fault + Send + Sync + 'static {
+        move |shot| {
+            // splitmix64: a well-mixed u64 per (seed, attempt), mapped into [0, 1).
+            let mut z = seed ^ shot.attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            let x = (z >> 11) as f64 / (1u64 << 53) as f64;
+            if x < rates.lose {
+                Fault::LoseResponse
+            } else if x < rates.lose + rates.reset {
+                Fault::Reset
+            } else if x < rates.lose + rates.reset + rates.delay {
+                Fault::Delay(rates.delay_by)
+            } else {
+                Fault::None
+            }
+        }
+    }
+}
+
+/// How often [`Fault::seeded`] injects each fault: fractions of attempts in `[0, 1]`
+/// (their sum at most 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultRates {
+    /// Responses lost after the server processed the request.
+    pub lose: f64,
+    /// Connections reset before the request reaches the server.
+    pub reset: f64,
+    /// Attempts delayed by `delay_by`.
+    pub delay: f64,
+    /// How long a delayed attempt waits.
+    pub delay_by: Duration,
+}
+
+impl Default for FaultRates {
+    /// No faults; delays of 50 ms when a delay rate is set.
+    fn default() -> Self {
+        Self {
+            lose: 0.0,
+            reset: 0.0,
+            delay: 0.0,
+            delay_by: Duration::from_millis(50),
+        }
+    }
+}
+
 /// Which attempt the plan decides for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Shot {
     /// The attempt's number across every request through the injector (from 0).
     pub attempt: u64,
@@ -68,14 +143,81 @@ pub struct FaultInjector {
 }
 
 struct Inner {
+    plan: Planner,
+    dead_end: OnceCell<SocketAddr>,
+    client: reqwest::Client,
+}
+
+/// A plan and its bookkeeping: numbers each attempt overall and per key, decides its
+/// fault, and counts what was done. Shared by [`FaultInjector`] and
+/// [`FaultProxy`](super::FaultProxy).
+pub(crate) struct Planner {
     plan: Box<dyn Fn(Shot) -> Fault + Send + Sync>,
     per_key: Mutex<HashMap<Vec<u8>, (u64, u32)>>,
     attempts: AtomicU64,
     lost: AtomicU64,
     delays: AtomicU64,
     resets: AtomicU64,
-    dead_end: OnceCell<SocketAddr>,
-    client: reqwest::Client,
+}
+
+impl Planner {
+    pub(crate) fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
+        Self {
+            plan: Box::new(plan),
+            per_key: Mutex::new(HashMap::new()),
+            attempts: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            delays: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+        }
+    }
+
+    /// The fault for the next attempt, which carries `key` (`None`: no key header).
+    /// Counts a delay or a reset as decided; a lost response is counted by
+    /// [`Planner::lost`] once it was lost.
+    pub(crate) fn decide(&self, key: Option<&[u8]>) -> Fault {
+        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst);
+        let (key_index, key_attempt) = {
+            let mut per_key = self
+                .per_key
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next_index = per_key.len() as u64;
+            let (index, n) = per_key
+                .entry(key.unwrap_or_default().to_vec())
+                .or_insert((next_index, 0));
+            *n += 1;
+            (*index, *n - 1)
+        };
+        let fault = (self.plan)(Shot {
+            attempt,
+            key_attempt,
+            key_index,
+        });
+        match fault {
+            Fault::Delay(_) => {
+                self.delays.fetch_add(1, Ordering::SeqCst);
+            }
+            Fault::Reset => {
+                self.resets.fetch_add(1, Ordering::SeqCst);
+            }
+            Fault::None | Fault::LoseResponse => {}
+        }
+        fault
+    }
+
+    pub(crate) fn lost(&self) {
+        self.lost.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn stats(&self) -> FaultStats {
+        FaultStats {
+            attempts: self.attempts.load(Ordering::SeqCst),
+            lost_responses: self.lost.load(Ordering::SeqCst),
+            delays: self.delays.load(Ordering::SeqCst),
+            resets: self.resets.load(Ordering::SeqCst),
+        }
+    }
 }
 
 impl std::fmt::Debug for FaultInjector {
@@ -98,12 +240,7 @@ impl FaultInjector {
     pub fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
         Self {
             inner: Arc::new(Inner {
-                plan: Box::new(plan),
-                per_key: Mutex::new(HashMap::new()),
-                attempts: AtomicU64::new(0),
-                lost: AtomicU64::new(0),
-                delays: AtomicU64::new(0),
-                resets: AtomicU64::new(0),
+                plan: Planner::new(plan),
                 dead_end: OnceCell::new(),
                 client: reqwest::Client::new(),
             }),
@@ -113,28 +250,20 @@ impl FaultInjector {
     /// Cycles through `faults`, one per attempt overall (no faults when empty).
     #[must_use]
     pub fn sequence(faults: Vec<Fault>) -> Self {
-        Self::new(move |shot| {
-            let n = shot.attempt;
-            let len = faults.len() as u64;
-            if len == 0 {
-                return Fault::None;
-            }
-            usize::try_from(n % len)
-                .ok()
-                .and_then(|i| faults.get(i).copied())
-                .unwrap_or(Fault::None)
-        })
+        Self::new(Fault::cycle(faults))
+    }
+
+    /// Faults drawn at the given rates, deterministically from `seed` (see
+    /// [`Fault::seeded`]).
+    #[must_use]
+    pub fn seeded(seed: u64, rates: FaultRates) -> Self {
+        Self::new(Fault::seeded(seed, rates))
     }
 
     /// What the injector did so far.
     #[must_use]
     pub fn stats(&self) -> FaultStats {
-        FaultStats {
-            attempts: self.inner.attempts.load(Ordering::SeqCst),
-            lost_responses: self.inner.lost.load(Ordering::SeqCst),
-            delays: self.inner.delays.load(Ordering::SeqCst),
-            resets: self.inner.resets.load(Ordering::SeqCst),
-        }
+        self.inner.plan.stats()
     }
 
     /// A connection error, made by a loopback listener that closes every connection
@@ -194,43 +323,22 @@ impl Middleware for FaultInjector {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let attempt = self.inner.attempts.fetch_add(1, Ordering::SeqCst);
         let key = req
             .headers()
             .get(crate::protocol::headers::IDEMPOTENCY_KEY)
-            .map(|v| v.as_bytes().to_vec())
-            .unwrap_or_default();
-        let (key_index, key_attempt) = {
-            let mut per_key = self
-                .inner
-                .per_key
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let next_index = per_key.len() as u64;
-            let (index, n) = per_key.entry(key).or_insert((next_index, 0));
-            *n += 1;
-            (*index, *n - 1)
-        };
-        match (self.inner.plan)(Shot {
-            attempt,
-            key_attempt,
-            key_index,
-        }) {
+            .map(http::HeaderValue::as_bytes);
+        match self.inner.plan.decide(key) {
             Fault::None => next.run(req, extensions).await,
             Fault::Delay(d) => {
-                self.inner.delays.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(d).await;
                 next.run(req, extensions).await
             }
-            Fault::Reset => {
-                self.inner.resets.fetch_add(1, Ordering::SeqCst);
-                Err(self.connection_error().await)
-            }
+            Fault::Reset => Err(self.connection_error().await),
             Fault::LoseResponse => {
                 let resp = next.run(req, extensions).await?;
                 // Read it all: the server has finished with this request.
                 let _ = resp.bytes().await;
-                self.inner.lost.fetch_add(1, Ordering::SeqCst);
+                self.inner.plan.lost();
                 Err(self.connection_error().await)
             }
         }

@@ -6,20 +6,28 @@
 //!   plan, loses a response after the server processed the request, delays a request,
 //!   or resets the connection before the request arrives. Put it inside the client's
 //!   retry loop (`idemkey::client::ClientBuilder::with_inner`) so every attempt meets it.
-//! - [`Executions`]: a counter of handler executions, and [`charges`], a small charge
-//!   API (the one `examples/charge_server.rs` serves) that counts them.
+//! - [`FaultProxy`]: the same faults at the network level, as a real HTTP proxy on
+//!   `127.0.0.1` between any client (another process, another language) and any server.
+//! - [`Executions`]: a counter of handler executions.
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
 //!   and third-party [`Store`](crate::store::Store) implementations can run it from
 //!   their own tests.
 //!
 //! ```
+//! use axum::routing::post;
 //! use idemkey::client::{ClientBuilder, ResponseExt};
 //! use idemkey::server::{Engine, IdempotencyLayer};
 //! use idemkey::store::MemoryStore;
-//! use idemkey::testing::{Fault, FaultInjector, TestServer, charges::ChargeApp};
+//! use idemkey::testing::{Executions, Fault, FaultInjector, TestServer};
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let app = ChargeApp::new(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
-//! let server = TestServer::start(app.router()).await?;
+//! let charges = Executions::default();
+//! let handler = {
+//!     let charges = charges.clone();
+//!     move || async move { format!("charge {}", charges.record()) }
+//! };
+//! let app = axum::Router::new().route("/v1/charges", post(handler));
+//! let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
+//! let server = TestServer::start_verified(app, layer).await?;
 //!
 //! // Lose the response to every key's first attempt, after the server processed it.
 //! let faults = FaultInjector::new(|shot| if shot.key_attempt == 0 { Fault::LoseResponse } else { Fault::None });
@@ -32,17 +40,19 @@
 //!     .await?;
 //! let info = resp.idempotency().expect("POST gets a key");
 //! assert_eq!((info.attempts(), info.replayed()), (2, true));
-//! assert_eq!(app.executions().count(), 1, "charged once although a response was lost");
+//! assert_eq!(resp.text().await?, "charge 1");
+//! assert_eq!(charges.count(), 1, "charged once although a response was lost");
 //! assert_eq!(faults.stats().lost_responses, 1);
 //! # Ok(()) }
 //! ```
 
-pub mod charges;
 pub mod conformance;
 mod faults;
+mod proxy;
 mod server;
 
-pub use faults::{Fault, FaultInjector, FaultStats, Shot};
+pub use faults::{Fault, FaultInjector, FaultRates, FaultStats, Shot};
+pub use proxy::FaultProxy;
 pub use server::TestServer;
 
 use std::sync::Arc;

@@ -1,10 +1,27 @@
-#![allow(dead_code, unreachable_pub)]
-//! Real servers on 127.0.0.1 for the integration tests. Each test binary uses part of it:
-//! connection strings of the shared stores, unique names for isolation, private server
-//! processes that a test may kill, verifier apps.
+//! The integration tests' support, one tree that every test binary includes with
+//! `mod support;` (as reqwest's `tests/support/` is): real servers on 127.0.0.1.
+//!
+//! - here: connection strings of the shared stores, unique names for isolation, private
+//!   server processes that a test may kill (by pid), and [`serve`], the one loopback
+//!   server for an axum app;
+//! - [`gate`]: the gate a handler waits at;
+//! - [`recorder`]: a server that records every request and answers from a script (the
+//!   client tests);
+//! - [`verifier`]: HTTP shortcuts against a verifier, [`verifier::Answer`], a store that
+//!   fails on demand;
+//! - [`apps`]: the examples' charge app over a given store;
+//! - [`webhook`]: the example webhook receiver and provider-shaped deliveries.
+#![allow(
+    dead_code,
+    reason = "each test binary includes the whole tree and uses a part of it"
+)]
 
+#[cfg(feature = "test-util")]
+pub(crate) mod apps;
+pub(crate) mod gate;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
+pub(crate) mod webhook;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -12,19 +29,19 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The shared Redis (`IDEMKEY_REDIS_URL`, default `redis://127.0.0.1:6379`).
-pub fn redis_url() -> String {
+pub(crate) fn redis_url() -> String {
     std::env::var("IDEMKEY_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
 /// The shared PostgreSQL (`IDEMKEY_POSTGRES_URL`, default
 /// `postgres://postgres@127.0.0.1:5432/test`).
-pub fn postgres_url() -> String {
+pub(crate) fn postgres_url() -> String {
     std::env::var("IDEMKEY_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// A name no other test (or run) uses: `<base>_<random hex>`.
-pub fn unique(base: &str) -> String {
+pub(crate) fn unique(base: &str) -> String {
     format!(
         "{base}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..16]
@@ -32,11 +49,18 @@ pub fn unique(base: &str) -> String {
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind an ephemeral port on 127.0.0.1 to find a free one")
         .port()
+}
+
+/// Serves `router` on a free port of 127.0.0.1 until the returned server is dropped.
+pub(crate) async fn serve(router: axum::Router) -> idemkey::testing::TestServer {
+    idemkey::testing::TestServer::start(router)
+        .await
+        .expect("bind a free port on 127.0.0.1")
 }
 
 /// Waits (bounded) until something accepts connections on `port`.
@@ -52,7 +76,7 @@ fn wait_listening(port: u16, what: &str) {
 
 /// A private `redis-server` on a free port, killed by its own process id on drop (or
 /// by [`RedisServer::kill`]).
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     port: u16,
     child: Option<Child>,
     /// With an append-only file here, fsynced on every write: records survive a kill.
@@ -61,14 +85,14 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// Starts a private server on a free port, without persistence.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with(None)
     }
 
     /// Starts a private server on a free port whose data survives [`RedisServer::kill`]
     /// (append-only file, `appendfsync always`), as a production Redis keeping
     /// idempotency records should be configured.
-    pub fn start_durable() -> Self {
+    pub(crate) fn start_durable() -> Self {
         Self::start_with(Some(TempDir::new("idemkey-redis")))
     }
 
@@ -83,12 +107,12 @@ impl RedisServer {
     }
 
     /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server process (by its pid) and waits for it to exit.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().expect("kill the private redis-server");
             child.wait().expect("reap the private redis-server");
@@ -97,7 +121,7 @@ impl RedisServer {
 
     /// Starts the server again on the same port (with the data of a durable server,
     /// empty otherwise).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string()])
@@ -130,7 +154,7 @@ impl Drop for RedisServer {
 /// A private PostgreSQL (its own `initdb` cluster in a temporary directory) on a free
 /// port, killed by the postmaster's process id on drop (or by [`PgServer::kill`]).
 /// Runs as the `postgres` user when the tests run as root (PostgreSQL refuses root).
-pub struct PgServer {
+pub(crate) struct PgServer {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
@@ -140,12 +164,12 @@ pub struct PgServer {
 
 impl PgServer {
     /// Creates a cluster (trust auth, superuser `postgres`) and starts it.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with(&[])
     }
 
     /// Like [`PgServer::start`], with server settings (`name=value`, as `-c` options).
-    pub fn start_with(settings: &[&str]) -> Self {
+    pub(crate) fn start_with(settings: &[&str]) -> Self {
         use std::os::unix::fs::MetadataExt;
         let dir = TempDir::new("idemkey-pg");
         let root = std::fs::metadata("/proc/self")
@@ -182,12 +206,12 @@ impl PgServer {
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
     /// Kills the postmaster (SIGKILL, by its pid) and waits for it to exit.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().expect("kill the private postgres");
             child.wait().expect("reap the private postgres");
@@ -195,7 +219,7 @@ impl PgServer {
     }
 
     /// Starts the server again on the same port and data (after crash recovery).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         // Backends orphaned by a kill exit by themselves; until they have, the new
         // postmaster refuses the data directory. Retry (bounded).
@@ -263,7 +287,7 @@ fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
 }
 
 /// The directory of PostgreSQL's server binaries (`initdb`, `pg_ctl`, `postgres`).
-pub fn postgres_bin_dir() -> PathBuf {
+pub(crate) fn postgres_bin_dir() -> PathBuf {
     let root = PathBuf::from("/usr/lib/postgresql");
     let mut versions: Vec<PathBuf> = std::fs::read_dir(&root)
         .map(|d| {
@@ -279,18 +303,18 @@ pub fn postgres_bin_dir() -> PathBuf {
 }
 
 /// A directory removed on drop.
-pub struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
     /// A fresh, empty directory under the system temp dir.
-    pub fn new(base: &str) -> Self {
+    pub(crate) fn new(base: &str) -> Self {
         let path = std::env::temp_dir().join(unique(base));
         std::fs::create_dir_all(&path).expect("create a temporary directory");
         Self(path)
     }
 
     /// Its path.
-    pub fn path(&self) -> &std::path::Path {
+    pub(crate) fn path(&self) -> &std::path::Path {
         &self.0
     }
 }
@@ -303,7 +327,7 @@ impl Drop for TempDir {
 
 /// A PostgreSQL store on the shared server with its own table (created).
 #[cfg(feature = "postgres")]
-pub async fn postgres_store(table: &str) -> idemkey::store::PostgresStore {
+pub(crate) async fn postgres_store(table: &str) -> idemkey::store::PostgresStore {
     let url = postgres_url();
     let store = idemkey::store::PostgresStore::builder(&url)
         .table(table)
@@ -316,7 +340,7 @@ pub async fn postgres_store(table: &str) -> idemkey::store::PostgresStore {
 
 /// Drops a test table made by [`postgres_store`].
 #[cfg(feature = "postgres")]
-pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &str) {
+pub(crate) async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &str) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS \"{table}\""
     )))
@@ -325,12 +349,9 @@ pub async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &
     .expect("drop the test table");
 }
 
-#[cfg(feature = "test-util")]
-pub mod apps;
-
 /// A private three-node Redis Cluster (no replicas, no persistence) on free ports,
 /// each node killed by its pid on drop.
-pub struct RedisCluster {
+pub(crate) struct RedisCluster {
     ports: Vec<u16>,
     nodes: Vec<Child>,
     _dir: TempDir,
@@ -338,7 +359,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts three nodes, joins them into a cluster and waits until it serves.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = TempDir::new("idemkey-redis-cluster");
         let mut ports = Vec::new();
         while ports.len() < 3 {
@@ -408,7 +429,7 @@ impl RedisCluster {
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
-    pub fn urls(&self) -> Vec<String> {
+    pub(crate) fn urls(&self) -> Vec<String> {
         self.ports
             .iter()
             .map(|p| format!("redis://127.0.0.1:{p}"))

@@ -2,13 +2,13 @@
 //! arrival time) and answers from a per-test script.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use idemkey::testing::TestServer;
 use tokio::time::Instant;
 
 /// One request as the server saw it.
@@ -119,9 +119,8 @@ struct Log {
 
 /// The running server; stops when dropped.
 pub(crate) struct Recorder {
-    addr: SocketAddr,
+    server: TestServer,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl Recorder {
@@ -163,19 +162,13 @@ impl Recorder {
         let app = axum::Router::new()
             .fallback(handle)
             .with_state(Arc::clone(&shared));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let addr = listener.local_addr().expect("local address");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("recording server");
-        });
-        Self { addr, shared, task }
+        let server = super::serve(app).await;
+        Self { server, shared }
     }
 
     /// `http://127.0.0.1:PORT{path}`.
     pub(crate) fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        self.server.url(path)
     }
 
     /// Every request so far, in arrival order.
@@ -186,12 +179,6 @@ impl Recorder {
     /// The keys of every request so far, in arrival order.
     pub(crate) fn keys(&self) -> Vec<Option<String>> {
         self.records().into_iter().map(|r| r.key).collect()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -1,15 +1,16 @@
-//! Verifier-side helpers: gated handlers, a store that fails on demand, HTTP shortcuts.
+//! Verifier-side helpers: HTTP shortcuts, one answer as read by a test, a store that
+//! fails on demand.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
 use idemkey::store::{Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, Store, StoreError};
-use tokio::sync::Semaphore;
 
 /// A plain reqwest client (no idempotency middleware) for driving the verifier by hand.
-pub fn http() -> reqwest::Client {
+pub(crate) fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -17,7 +18,7 @@ pub fn http() -> reqwest::Client {
 }
 
 /// A POST of a JSON body with an `Idempotency-Key`.
-pub async fn post_json(
+pub(crate) async fn post_json(
     client: &reqwest::Client,
     url: &str,
     key: Option<&str>,
@@ -34,7 +35,7 @@ pub async fn post_json(
 }
 
 /// The problem `type` case name of a problem+json response, with its status.
-pub async fn problem(resp: reqwest::Response) -> (u16, String, serde_json::Value) {
+pub(crate) async fn problem(resp: reqwest::Response) -> (u16, String, serde_json::Value) {
     let status = resp.status().as_u16();
     assert_eq!(
         resp.headers()["content-type"],
@@ -52,52 +53,68 @@ pub async fn problem(resp: reqwest::Response) -> (u16, String, serde_json::Value
 }
 
 /// JSON from a reqwest response without reqwest's `json` feature.
-pub async fn json(resp: reqwest::Response) -> serde_json::Value {
+pub(crate) async fn json(resp: reqwest::Response) -> serde_json::Value {
     let bytes = resp.bytes().await.expect("body reads");
     serde_json::from_slice(&bytes).expect("body is JSON")
 }
 
-/// A gate a handler waits at, with a signal that it arrived.
-#[derive(Clone)]
-pub struct Gate {
-    entered: Arc<Semaphore>,
-    open: Arc<Semaphore>,
+/// One HTTP answer, read to the end.
+#[derive(Debug, Clone)]
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
-impl Default for Gate {
-    fn default() -> Self {
+impl Answer {
+    /// Reads `resp` to the end.
+    pub(crate) async fn read(resp: reqwest::Response) -> Self {
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.expect("read the answer's body");
         Self {
-            entered: Arc::new(Semaphore::new(0)),
-            open: Arc::new(Semaphore::new(0)),
+            status,
+            headers,
+            body,
         }
     }
-}
 
-impl Gate {
-    /// Called by the handler: signals arrival, waits until opened.
-    pub async fn pass(&self) {
-        self.entered.add_permits(1);
-        self.open.acquire().await.expect("gate open").forget();
+    /// `true` when the verifier replayed a stored response.
+    pub(crate) fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
     }
 
-    /// Waits until `n` handlers arrived.
-    pub async fn wait_entered(&self, n: u32) {
-        self.entered.acquire_many(n).await.expect("gate").forget();
+    /// The `Retry-After` header, when present.
+    pub(crate) fn retry_after(&self) -> Option<&str> {
+        self.headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
     }
 
-    /// Lets `n` waiting handlers through.
-    pub fn open(&self, n: usize) {
-        self.open.add_permits(n);
+    /// The problem `type` of a problem+json answer.
+    pub(crate) fn problem_type(&self) -> String {
+        let v: serde_json::Value =
+            serde_json::from_slice(&self.body).expect("problem answers are JSON");
+        v["type"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The problem `detail`.
+    pub(crate) fn detail(&self) -> String {
+        let v: serde_json::Value =
+            serde_json::from_slice(&self.body).expect("problem answers are JSON");
+        v["detail"].as_str().unwrap_or_default().to_owned()
     }
 }
 
 /// A memory store that fails every operation while `failing` is set: an outage switch.
 #[derive(Clone, Default)]
-pub struct FlakyStore {
-    pub inner: MemoryStore,
-    pub failing: Arc<AtomicBool>,
+pub(crate) struct FlakyStore {
+    pub(crate) inner: MemoryStore,
+    pub(crate) failing: Arc<AtomicBool>,
     /// How many of the next `complete` calls fail (a short store blip after the handler).
-    pub failing_completes: Arc<AtomicU32>,
+    pub(crate) failing_completes: Arc<AtomicU32>,
 }
 
 impl FlakyStore {

@@ -1,67 +1,21 @@
-//! Test support for the webhook tests: the example receiver served on 127.0.0.1, and
-//! provider-shaped deliveries taken from the providers' public documentation.
-#![allow(dead_code, unreachable_pub)]
+//! The webhook tests' part: the example receiver, and provider-shaped deliveries taken
+//! from the providers' public documentation.
 
 /// The receiver of `examples/webhook_receiver.rs`, compiled into the tests as is.
 #[path = "../../examples/webhook_receiver.rs"]
-#[allow(dead_code, unreachable_pub, clippy::all)]
-pub mod receiver;
+pub(crate) mod receiver;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Router;
-use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use idemkey::testing::TestServer;
 use sha2::Sha256;
 
-/// Serves `router` on a fresh port of 127.0.0.1; returns its base URL.
-pub async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("bound address");
-    tokio::spawn(async move {
-        axum::serve(listener, router)
-            .await
-            .expect("the test server runs until the test ends");
-    });
-    format!("http://{addr}")
-}
-
-/// One HTTP answer.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
-
-impl Answer {
-    /// `true` when the verifier replayed a stored response.
-    pub fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    /// The problem `type` of a problem+json answer.
-    pub fn problem_type(&self) -> String {
-        let v: serde_json::Value =
-            serde_json::from_slice(&self.body).expect("problem answers are JSON");
-        v["type"].as_str().unwrap_or_default().to_owned()
-    }
-
-    /// The problem `detail`.
-    pub fn detail(&self) -> String {
-        let v: serde_json::Value =
-            serde_json::from_slice(&self.body).expect("problem answers are JSON");
-        v["detail"].as_str().unwrap_or_default().to_owned()
-    }
-}
+use super::verifier::Answer;
 
 /// POSTs `body` with `headers` to `url`.
-pub async fn deliver(
+pub(crate) async fn deliver(
     client: &reqwest::Client,
     url: &str,
     headers: &HeaderMap,
@@ -75,20 +29,13 @@ pub async fn deliver(
         .send()
         .await
         .unwrap_or_else(|e| panic!("POST {url}: {e}"));
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let body = resp.bytes().await.expect("read the answer's body");
-    Answer {
-        status,
-        headers,
-        body,
-    }
+    Answer::read(resp).await
 }
 
 /// `GET /stats` -> `processed`.
-pub async fn processed(client: &reqwest::Client, base: &str) -> u64 {
+pub(crate) async fn processed(client: &reqwest::Client, server: &TestServer) -> u64 {
     let v: serde_json::Value = client
-        .get(format!("{base}/stats"))
+        .get(server.url("/stats"))
         .send()
         .await
         .expect("GET /stats")
@@ -98,7 +45,7 @@ pub async fn processed(client: &reqwest::Client, base: &str) -> u64 {
     v["processed"].as_u64().expect("/stats has `processed`")
 }
 
-pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {
         h.append(
@@ -109,7 +56,7 @@ pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     h
 }
 
-pub fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     i64::try_from(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -129,7 +76,7 @@ fn hmac_hex(key: &[u8], parts: &[&[u8]]) -> String {
 
 /// A Stripe event shaped like the docs' example (Stripe docs: API reference, "The Event
 /// object"); `pending_webhooks` changes between attempts, as it does on Stripe's retries.
-pub fn stripe_event(id: &str, account: Option<&str>, pending_webhooks: u32) -> String {
+pub(crate) fn stripe_event(id: &str, account: Option<&str>, pending_webhooks: u32) -> String {
     let mut v = serde_json::json!({
         "id": id,
         "object": "event",
@@ -157,7 +104,7 @@ pub fn stripe_event(id: &str, account: Option<&str>, pending_webhooks: u32) -> S
 
 /// `Stripe-Signature` for `body` at `t` (Stripe docs: Webhooks, "Verify webhook
 /// signatures manually": `t=<unix>,v1=<hex HMAC-SHA256 of "{t}.{body}">`).
-pub fn stripe_signature(secret: &str, t: i64, body: &str) -> HeaderMap {
+pub(crate) fn stripe_signature(secret: &str, t: i64, body: &str) -> HeaderMap {
     let sig = hmac_hex(
         secret.as_bytes(),
         &[t.to_string().as_bytes(), b".", body.as_bytes()],
@@ -166,11 +113,11 @@ pub fn stripe_signature(secret: &str, t: i64, body: &str) -> HeaderMap {
 }
 
 /// A GitHub `issues` delivery's body (GitHub docs: "Webhook events and payloads").
-pub const GITHUB_ISSUES: &str = r#"{"action":"opened","issue":{"url":"https://api.github.com/repos/octocat/Hello-World/issues/1347","number":1347,"title":"Found a bug"},"repository":{"id":1296269,"full_name":"octocat/Hello-World","owner":{"login":"octocat","id":1}},"sender":{"login":"octocat","id":1}}"#;
+pub(crate) const GITHUB_ISSUES: &str = r#"{"action":"opened","issue":{"url":"https://api.github.com/repos/octocat/Hello-World/issues/1347","number":1347,"title":"Found a bug"},"repository":{"id":1296269,"full_name":"octocat/Hello-World","owner":{"login":"octocat","id":1}},"sender":{"login":"octocat","id":1}}"#;
 
 /// GitHub's delivery headers (GitHub docs: "Webhook events and payloads", "Delivery
 /// headers"), with `X-Hub-Signature-256` when a secret is given.
-pub fn github_headers(
+pub(crate) fn github_headers(
     delivery: &str,
     hook_id: &str,
     body: &str,
@@ -195,7 +142,7 @@ pub fn github_headers(
 }
 
 /// A Standard Webhooks message (the specification's example payload).
-pub const STANDARD_BODY: &str = r#"{"type":"contact.created","timestamp":"2022-11-03T20:26:10.344522Z","data":{"id":"1f81eb52-5198-4599-803e-771906343485","type":"contact"}}"#;
+pub(crate) const STANDARD_BODY: &str = r#"{"type":"contact.created","timestamp":"2022-11-03T20:26:10.344522Z","data":{"id":"1f81eb52-5198-4599-803e-771906343485","type":"contact"}}"#;
 
 /// The Standard Webhooks secret of the specification's examples.
-pub const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

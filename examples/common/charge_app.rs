@@ -1,6 +1,7 @@
-//! A small charge API that counts its executions: the app of
-//! `examples/charge_server.rs` and `examples/payments.rs`, and a ready-made handler for
-//! tests.
+//! A small charge API that counts its executions: the app that
+//! `examples/charge_server.rs` and `examples/payments.rs` serve, included by path
+//! (`#[path = "common/charge_app.rs"] mod charge_app;`), and by the tests
+//! (`tests/support/apps.rs`).
 //!
 //! - `POST /v1/charges` behind the verifier (key required; scope: the `Authorization`
 //!   header, unscoped when absent). Body JSON or form-encoded: `amount` (integer),
@@ -15,16 +16,19 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
+use idemkey::server::{HeaderScope, IdempotencyLayer};
+use idemkey::testing::Executions;
 use serde::{Deserialize, Serialize};
 
-use super::Executions;
-use crate::server::{HeaderScope, IdempotencyLayer};
-
-/// The charge API over a verifier layer.
-#[derive(Debug, Clone)]
-pub struct ChargeApp {
-    layer: IdempotencyLayer,
+/// The charge API's handlers and their execution count. Several routers made by
+/// [`ChargeApp::router`] (say, verifier instances over one shared store) share the
+/// count.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ChargeApp {
     executions: Executions,
+    /// Only the tests hold a charge at a gate (after counting it, before answering).
+    #[cfg(test)]
+    gate: Option<crate::support::gate::Gate>,
 }
 
 #[derive(Debug, Serialize)]
@@ -44,31 +48,37 @@ struct ChargeRequest {
 }
 
 impl ChargeApp {
-    /// The app, with the scope of `layer` set to the `Authorization` header.
-    #[must_use]
-    pub fn new(layer: IdempotencyLayer) -> Self {
+    /// The app, with no charge created yet.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// The app whose every charge, once counted, waits at `gate` before answering.
+    #[cfg(test)]
+    pub(crate) fn gated(gate: crate::support::gate::Gate) -> Self {
         Self {
-            layer: layer.scope(HeaderScope::new(header::AUTHORIZATION)),
             executions: Executions::default(),
+            gate: Some(gate),
         }
     }
 
     /// Charges created so far.
-    #[must_use]
-    pub fn executions(&self) -> &Executions {
+    pub(crate) fn executions(&self) -> &Executions {
         &self.executions
     }
 
-    /// The axum router: `POST /v1/charges` behind the verifier, `GET /stats`.
-    pub fn router(&self) -> Router {
+    /// The axum router: `POST /v1/charges` behind `layer`, its scope set to the
+    /// `Authorization` header; `GET /stats`.
+    pub(crate) fn router(&self, layer: IdempotencyLayer) -> Router {
+        let layer = layer.scope(HeaderScope::new(header::AUTHORIZATION));
         Router::new()
-            .route("/v1/charges", post(create).layer(self.layer.clone()))
+            .route("/v1/charges", post(create).layer(layer))
             .route("/stats", get(stats))
-            .with_state(self.executions.clone())
+            .with_state(self.clone())
     }
 }
 
-async fn create(State(executions): State<Executions>, req: Request) -> Response {
+async fn create(State(app): State<ChargeApp>, req: Request) -> Response {
     let is_form = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -95,7 +105,11 @@ async fn create(State(executions): State<Executions>, req: Request) -> Response 
         )
             .into_response();
     }
-    let n = executions.record();
+    let n = app.executions.record();
+    #[cfg(test)]
+    if let Some(gate) = &app.gate {
+        gate.pass().await;
+    }
     Json(Charge {
         id: format!("ch_{n}"),
         object: "charge",
@@ -104,6 +118,6 @@ async fn create(State(executions): State<Executions>, req: Request) -> Response 
     .into_response()
 }
 
-async fn stats(State(executions): State<Executions>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "executions": executions.count() }))
+async fn stats(State(app): State<ChargeApp>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "executions": app.executions().count() }))
 }

@@ -1,7 +1,6 @@
 //! Two receiver instances sharing the real Redis process each event once between them.
 
 mod support;
-mod webhook_support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,7 +10,8 @@ use futures_util::future::join_all;
 use http::StatusCode;
 use idemkey::server::webhook::BatchDeduper;
 use idemkey::store::{RedisStore, Store};
-use webhook_support::*;
+use support::serve;
+use support::webhook::*;
 
 /// A Redis store on the shared server under `prefix` (unique per test).
 async fn redis(prefix: &str) -> RedisStore {
@@ -63,7 +63,7 @@ async fn two_instances_on_one_redis_process_each_event_once() {
     let sends = (0..300).map(|i| {
         let base = if i % 2 == 0 { &a } else { &b };
         let body = if i < 200 { evt.clone() } else { other.clone() };
-        let (client, url) = (client.clone(), format!("{base}/webhooks/stripe"));
+        let (client, url) = (client.clone(), base.url("/webhooks/stripe"));
         async move { deliver(&client, &url, &headers(&[]), &body).await }
     });
     let answers = join_all(sends).await;
@@ -83,13 +83,7 @@ async fn two_instances_on_one_redis_process_each_event_once() {
     );
     // Retries after the dust settles are replays, whichever instance gets them.
     for base in [&a, &b] {
-        let r = deliver(
-            &client,
-            &format!("{base}/webhooks/stripe"),
-            &headers(&[]),
-            &evt,
-        )
-        .await;
+        let r = deliver(&client, &base.url("/webhooks/stripe"), &headers(&[]), &evt).await;
         assert_eq!((r.status, r.replayed()), (StatusCode::OK, true));
     }
     cleanup(&prefix).await;

@@ -2,7 +2,7 @@
 //! (`examples/webhook_receiver.rs`) and routes built the same way, with deliveries shaped
 //! like the providers' documented ones.
 
-mod webhook_support;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,22 +17,24 @@ use futures_util::future::join_all;
 use idemkey::server::Engine;
 use idemkey::server::webhook::{BatchDeduper, Preset, StandardWebhooksVerifier};
 use idemkey::store::{MemoryStore, Store};
-use tokio::sync::{Notify, mpsc};
-use webhook_support::*;
+use idemkey::testing::TestServer;
+use support::gate::Gate;
+use support::serve;
+use support::webhook::*;
 
 fn memory() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new())
 }
 
-async fn example(secret: Option<&str>) -> (String, reqwest::Client) {
+async fn example(secret: Option<&str>) -> (TestServer, reqwest::Client) {
     let (router, _stats) = receiver::app(memory(), secret);
     (serve(router).await, reqwest::Client::new())
 }
 
 #[tokio::test]
 async fn stripe_retries_get_the_first_2xx_replayed() {
-    let (base, client) = example(None).await;
-    let url = format!("{base}/webhooks/stripe");
+    let (server, client) = example(None).await;
+    let url = server.url("/webhooks/stripe");
     let first = deliver(
         &client,
         &url,
@@ -55,13 +57,13 @@ async fn stripe_retries_get_the_first_2xx_replayed() {
         assert!(retry.replayed(), "a duplicate is replayed");
         assert_eq!(retry.body, first.body, "same body bytes");
     }
-    assert_eq!(processed(&client, &base).await, 1);
+    assert_eq!(processed(&client, &server).await, 1);
 }
 
 #[tokio::test]
 async fn stripe_connected_accounts_are_separate_scopes() {
-    let (base, client) = example(None).await;
-    let url = format!("{base}/webhooks/stripe");
+    let (server, client) = example(None).await;
+    let url = server.url("/webhooks/stripe");
     for account in [Some("acct_1A"), Some("acct_1B"), None] {
         let a = deliver(
             &client,
@@ -84,13 +86,13 @@ async fn stripe_connected_accounts_are_separate_scopes() {
     )
     .await;
     assert!(again.replayed());
-    assert_eq!(processed(&client, &base).await, 3);
+    assert_eq!(processed(&client, &server).await, 3);
 }
 
 #[tokio::test]
 async fn github_one_delivery_guid_reaches_each_hook_once() {
-    let (base, client) = example(None).await;
-    let url = format!("{base}/webhooks/github");
+    let (server, client) = example(None).await;
+    let url = server.url("/webhooks/github");
     let guid = "72d3162e-cc78-11e3-81ab-4c9367dc0958";
     for hook in ["292430182", "292430183"] {
         let a = deliver(
@@ -111,15 +113,15 @@ async fn github_one_delivery_guid_reaches_each_hook_once() {
         .await;
         assert_eq!((b.status, b.replayed()), (StatusCode::OK, true));
     }
-    assert_eq!(processed(&client, &base).await, 2);
+    assert_eq!(processed(&client, &server).await, 2);
 }
 
 #[tokio::test]
 async fn a_delivery_without_its_id_gets_a_clear_400() {
-    let (base, client) = example(None).await;
+    let (server, client) = example(None).await;
     let no_id = deliver(
         &client,
-        &format!("{base}/webhooks/stripe"),
+        &server.url("/webhooks/stripe"),
         &headers(&[]),
         r#"{"object":"event","type":"charge.succeeded"}"#,
     )
@@ -134,13 +136,7 @@ async fn a_delivery_without_its_id_gets_a_clear_400() {
 
     let mut h = github_headers("x", "1", GITHUB_ISSUES, None);
     h.remove("x-github-delivery");
-    let no_guid = deliver(
-        &client,
-        &format!("{base}/webhooks/github"),
-        &h,
-        GITHUB_ISSUES,
-    )
-    .await;
+    let no_guid = deliver(&client, &server.url("/webhooks/github"), &h, GITHUB_ISSUES).await;
     assert_eq!(no_guid.status, StatusCode::BAD_REQUEST);
     assert!(
         no_guid.detail().contains("x-github-delivery"),
@@ -150,7 +146,7 @@ async fn a_delivery_without_its_id_gets_a_clear_400() {
 
     let no_msg_id = deliver(
         &client,
-        &format!("{base}/webhooks/standard"),
+        &server.url("/webhooks/standard"),
         &headers(&[]),
         STANDARD_BODY,
     )
@@ -159,20 +155,20 @@ async fn a_delivery_without_its_id_gets_a_clear_400() {
 
     let not_json = deliver(
         &client,
-        &format!("{base}/webhooks/stripe"),
+        &server.url("/webhooks/stripe"),
         &headers(&[]),
         "id=evt_1",
     )
     .await;
     assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
     assert_eq!(not_json.problem_type(), "urn:idemkey:problem:invalid-key");
-    assert_eq!(processed(&client, &base).await, 0);
+    assert_eq!(processed(&client, &server).await, 0);
 }
 
 #[tokio::test]
 async fn hundreds_of_concurrent_duplicates_are_processed_once() {
-    let (base, client) = example(None).await;
-    let url = format!("{base}/webhooks/standard");
+    let (server, client) = example(None).await;
+    let url = server.url("/webhooks/standard");
     let h = headers(&[
         ("webhook-id", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"),
         ("webhook-timestamp", "1674087231"),
@@ -193,7 +189,11 @@ async fn hundreds_of_concurrent_duplicates_are_processed_once() {
             other => panic!("unexpected {other}: {:?}", a.body),
         }
     }
-    assert_eq!(processed(&client, &base).await, 1, "answers: {by_status:?}");
+    assert_eq!(
+        processed(&client, &server).await,
+        1,
+        "answers: {by_status:?}"
+    );
     let fresh = answers
         .iter()
         .filter(|a| a.status == StatusCode::OK && !a.replayed())
@@ -206,20 +206,18 @@ async fn hundreds_of_concurrent_duplicates_are_processed_once() {
     assert_eq!((late.status, late.replayed()), (StatusCode::OK, true));
 }
 
-/// A route like the example's, whose handler waits for the test's go-ahead and fails
-/// with 500 while `fail` is set.
+/// A route like the example's, whose handler waits at the test's gate (when `gated`) and
+/// fails with 500 while `fail` is set.
 struct Gated {
-    base: String,
-    entered: mpsc::UnboundedReceiver<()>,
-    go: Arc<Notify>,
+    server: TestServer,
+    gate: Gate,
     runs: Arc<AtomicU64>,
     fail: Arc<AtomicU64>,
 }
 
 #[derive(Clone)]
 struct GateState {
-    entered: mpsc::UnboundedSender<()>,
-    go: Arc<Notify>,
+    gate: Gate,
     runs: Arc<AtomicU64>,
     fail: Arc<AtomicU64>,
     gated: bool,
@@ -228,8 +226,7 @@ struct GateState {
 async fn gated_handler(State(s): State<GateState>, _body: Bytes) -> (StatusCode, &'static str) {
     s.runs.fetch_add(1, Ordering::SeqCst);
     if s.gated {
-        let _ = s.entered.send(());
-        s.go.notified().await;
+        s.gate.pass().await;
     }
     if s.fail.load(Ordering::SeqCst) > 0 {
         s.fail.fetch_sub(1, Ordering::SeqCst);
@@ -239,45 +236,36 @@ async fn gated_handler(State(s): State<GateState>, _body: Bytes) -> (StatusCode,
 }
 
 async fn gated(preset: Preset, gated: bool, fail: u64) -> Gated {
-    let (tx, rx) = mpsc::unbounded_channel();
     let state = GateState {
-        entered: tx,
-        go: Arc::new(Notify::new()),
+        gate: Gate::default(),
         runs: Arc::new(AtomicU64::new(0)),
         fail: Arc::new(AtomicU64::new(fail)),
         gated,
     };
-    let g = Gated {
-        base: String::new(),
-        entered: rx,
-        go: state.go.clone(),
-        runs: state.runs.clone(),
-        fail: state.fail.clone(),
-    };
+    let (gate, runs, fail) = (state.gate.clone(), state.runs.clone(), state.fail.clone());
     let router = Router::new()
         .route("/webhooks/github", post(gated_handler))
         .layer(preset.layer(Engine::new(MemoryStore::new())))
         .with_state(state);
     Gated {
-        base: serve(router).await,
-        ..g
+        server: serve(router).await,
+        gate,
+        runs,
+        fail,
     }
 }
 
 #[tokio::test]
 async fn a_duplicate_during_processing_gets_409_with_retry_after() {
-    let mut g = gated(Preset::github(), true, 0).await;
+    let g = gated(Preset::github(), true, 0).await;
     let client = reqwest::Client::new();
-    let url = format!("{}/webhooks/github", g.base);
+    let url = g.server.url("/webhooks/github");
     let h = github_headers("d-1", "7", GITHUB_ISSUES, None);
     let first = tokio::spawn({
         let (client, url, h) = (client.clone(), url.clone(), h.clone());
         async move { deliver(&client, &url, &h, GITHUB_ISSUES).await }
     });
-    g.entered
-        .recv()
-        .await
-        .expect("the first delivery reached the handler");
+    g.gate.wait_entered(1).await; // the first delivery reached the handler
     let dup = deliver(&client, &url, &h, GITHUB_ISSUES).await;
     assert_eq!(
         dup.status,
@@ -291,7 +279,7 @@ async fn a_duplicate_during_processing_gets_409_with_retry_after() {
         .parse()
         .expect("seconds");
     assert!(retry_after >= 1);
-    g.go.notify_one();
+    g.gate.open(1);
     let first = first.await.expect("first delivery task");
     assert_eq!((first.status, first.replayed()), (StatusCode::OK, false));
     let after = deliver(&client, &url, &h, GITHUB_ISSUES).await;
@@ -303,7 +291,7 @@ async fn a_duplicate_during_processing_gets_409_with_retry_after() {
 async fn a_failed_first_delivery_releases_the_id() {
     let g = gated(Preset::github(), false, 1).await;
     let client = reqwest::Client::new();
-    let url = format!("{}/webhooks/github", g.base);
+    let url = g.server.url("/webhooks/github");
     let h = github_headers("d-2", "7", GITHUB_ISSUES, None);
     let failed = deliver(&client, &url, &h, GITHUB_ISSUES).await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -323,7 +311,7 @@ async fn a_failed_first_delivery_releases_the_id() {
 async fn slack_handshakes_without_event_id_pass_and_retry_headers_are_ignored() {
     let g = gated(Preset::slack(), false, 0).await;
     let client = reqwest::Client::new();
-    let url = format!("{}/webhooks/github", g.base); // the route's path is irrelevant
+    let url = g.server.url("/webhooks/github"); // the route's path is irrelevant
     // Slack docs, Events API, "url_verification": no event_id.
     let challenge = r#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
     for _ in 0..2 {
@@ -353,8 +341,8 @@ async fn slack_handshakes_without_event_id_pass_and_retry_headers_are_ignored() 
 
 #[tokio::test]
 async fn a_forged_duplicate_never_gets_a_replay() {
-    let (base, client) = example(Some(STANDARD_SECRET)).await;
-    let url = format!("{base}/webhooks/standard");
+    let (server, client) = example(Some(STANDARD_SECRET)).await;
+    let url = server.url("/webhooks/standard");
     let signer = StandardWebhooksVerifier::new(STANDARD_SECRET).expect("valid secret");
     let genuine = signer
         .sign_headers("msg_genuine", now(), STANDARD_BODY.as_bytes())
@@ -395,14 +383,14 @@ async fn a_forged_duplicate_never_gets_a_replay() {
 
     let dup = deliver(&client, &url, &genuine, STANDARD_BODY).await;
     assert_eq!((dup.status, dup.replayed()), (StatusCode::OK, true));
-    assert_eq!(processed(&client, &base).await, 1);
+    assert_eq!(processed(&client, &server).await, 1);
 }
 
 #[tokio::test]
 async fn stripe_and_github_signatures_are_checked_when_a_secret_is_given() {
     let secret = "whsec_test_secret";
-    let (base, client) = example(Some(secret)).await;
-    let stripe = format!("{base}/webhooks/stripe");
+    let (server, client) = example(Some(secret)).await;
+    let stripe = server.url("/webhooks/stripe");
     let body = stripe_event("evt_signed", None, 1);
     let ok = deliver(
         &client,
@@ -445,7 +433,7 @@ async fn stripe_and_github_signatures_are_checked_when_a_secret_is_given() {
         "a signed retry is a duplicate"
     );
 
-    let github = format!("{base}/webhooks/github");
+    let github = server.url("/webhooks/github");
     let good = github_headers("g-1", "9", GITHUB_ISSUES, Some(secret));
     assert_eq!(
         deliver(&client, &github, &good, GITHUB_ISSUES).await.status,
@@ -457,13 +445,13 @@ async fn stripe_and_github_signatures_are_checked_when_a_secret_is_given() {
         (refused.status, refused.replayed()),
         (StatusCode::UNAUTHORIZED, false)
     );
-    assert_eq!(processed(&client, &base).await, 2);
+    assert_eq!(processed(&client, &server).await, 2);
 }
 
 /// A SendGrid Event Webhook route: the batch deduper behind an axum handler.
 async fn sendgrid(
     fail_on: Option<&'static str>,
-) -> (String, Arc<std::sync::Mutex<HashMap<String, u32>>>) {
+) -> (TestServer, Arc<std::sync::Mutex<HashMap<String, u32>>>) {
     #[derive(Clone)]
     struct S {
         dedup: BatchDeduper,
@@ -536,9 +524,9 @@ fn sendgrid_batch(ids: impl IntoIterator<Item = u32>) -> String {
 
 #[tokio::test]
 async fn concurrent_overlapping_batches_process_each_event_once() {
-    let (base, seen) = sendgrid(None).await;
+    let (server, seen) = sendgrid(None).await;
     let client = reqwest::Client::new();
-    let url = format!("{base}/webhooks/sendgrid");
+    let url = server.url("/webhooks/sendgrid");
     let a = sendgrid_batch(0..20);
     let b = sendgrid_batch(10..30);
     let sends = (0..100).map(|i| {
@@ -567,9 +555,9 @@ async fn concurrent_overlapping_batches_process_each_event_once() {
 
 #[tokio::test]
 async fn a_failed_batch_keeps_its_completed_items_and_retries_the_rest() {
-    let (base, seen) = sendgrid(Some("sg_event_id_0005")).await;
+    let (server, seen) = sendgrid(Some("sg_event_id_0005")).await;
     let client = reqwest::Client::new();
-    let url = format!("{base}/webhooks/sendgrid");
+    let url = server.url("/webhooks/sendgrid");
     let batch = sendgrid_batch(0..10);
     let failed = deliver(&client, &url, &headers(&[]), &batch).await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -589,9 +577,9 @@ async fn a_failed_batch_keeps_its_completed_items_and_retries_the_rest() {
 
 #[tokio::test]
 async fn an_oversized_signed_delivery_gets_413_naming_the_size_not_the_signature() {
-    let (base, client) = example(Some("whsec_test_secret")).await;
+    let (server, client) = example(Some("whsec_test_secret")).await;
     let resp = client
-        .post(format!("{base}/webhooks/stripe"))
+        .post(server.url("/webhooks/stripe"))
         .header("content-type", "application/json")
         .body(vec![b' '; 3 * 1024 * 1024])
         .send()
