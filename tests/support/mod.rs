@@ -10,7 +10,9 @@
 //! - [`verifier`]: HTTP shortcuts against a verifier, [`verifier::Answer`], a store that
 //!   fails on demand;
 //! - [`apps`]: the examples' charge app over a given store;
-//! - [`webhook`]: the example webhook receiver and provider-shaped deliveries.
+//! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
+//! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
+//!   versions into a cache folder.
 #![allow(
     dead_code,
     reason = "each test binary includes the whole tree and uses a part of it"
@@ -19,6 +21,7 @@
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
 pub(crate) mod gate;
+pub(crate) mod peers;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
 pub(crate) mod webhook;
