@@ -80,7 +80,7 @@ impl Flights {
     /// leader was dropped before landing.
     pub(crate) async fn run<F, Fut>(
         &self,
-        key: &IdempotencyKey,
+        key: IdempotencyKey,
         request: Identity,
         deadline: Option<Instant>,
         go: F,
@@ -92,7 +92,7 @@ impl Flights {
         let mut request = Some(request);
         let mut go = Some(go);
         loop {
-            let (mut rx, follow) = match self.join(key, &mut request) {
+            let (mut rx, follow) = match self.join(&key, &mut request) {
                 Role::Lead(lead) => {
                     #[allow(clippy::expect_used)]
                     let go = go
@@ -113,7 +113,7 @@ impl Flights {
             let landed = match deadline {
                 Some(at) => match Box::pin(tokio::time::timeout_at(at, landed)).await {
                     Ok(landed) => landed,
-                    Err(_) => return Err(deadline_passed(key)),
+                    Err(_) => return Err(deadline_passed(&key)),
                 },
                 None => Box::pin(landed).await,
             };

@@ -8,7 +8,7 @@ use reqwest::Request;
 
 use super::error::Error;
 use super::profile::{KeyPlacement, VendorProfile};
-use super::request::{KeyChoice, KeyInUse};
+use super::request::{InFlight, KeyChoice};
 use crate::key::MAX_KEY_LEN;
 use crate::protocol::headers;
 use crate::{IdempotencyKey, InvalidKey};
@@ -79,22 +79,93 @@ impl KeyResolver {
         req: &mut Request,
         ext: &mut Extensions,
     ) -> Result<Option<Resolved>, Error> {
-        let resolved = self.resolve(req, ext).map_err(Error::invalid_key)?;
-        if let Some(resolved) = &resolved {
+        if let KeyPlacement::Header(name) = &self.placement {
+            return self
+                .attach_header(name, req, ext)
+                .map_err(Error::invalid_key);
+        }
+        let (resolved, on_request) = self.resolve(req, ext).map_err(Error::invalid_key)?;
+        if let (Some(resolved), false) = (&resolved, on_request) {
             self.place(req, &resolved.key).map_err(Error::invalid_key)?;
         }
         Ok(resolved)
     }
 
-    fn resolve(&self, req: &Request, ext: &mut Extensions) -> Result<Option<Resolved>, InvalidKey> {
-        if let Some(in_use) = ext.get_mut::<KeyInUse>() {
-            in_use.passes += 1;
-            return Ok(Some(Resolved {
-                key: in_use.key.clone(),
-                random: in_use.random,
-            }));
+    /// [`attach`](Self::attach) for a key that travels in a header: one look-up of the
+    /// header, and the key written into it when it is not there yet.
+    fn attach_header(
+        &self,
+        name: &HeaderName,
+        req: &mut Request,
+        ext: &mut Extensions,
+    ) -> Result<Option<Resolved>, InvalidKey> {
+        if let Some(callers) = req.headers().get(name) {
+            if let Some(fixed) = reuse(ext) {
+                return Ok(Some(fixed));
+            }
+            let key = IdempotencyKey::from_header_value(callers)?;
+            return self.fix(ext, key, false).map(Some);
         }
+        let random_allowed = self.methods.contains(req.method());
+        let resolved = match reuse(ext) {
+            Some(fixed) => fixed,
+            None => {
+                let (key, random) = match ext.get::<KeyChoice>() {
+                    Some(KeyChoice::Use(key)) => (key.clone(), false),
+                    Some(KeyChoice::Invalid(e)) => return Err(e.clone()),
+                    Some(KeyChoice::Off) => return Ok(None),
+                    None if random_allowed => (IdempotencyKey::random(), true),
+                    None => return Ok(None),
+                };
+                self.fix(ext, key, random)?
+            }
+        };
+        req.headers_mut()
+            .insert(name.clone(), resolved.key.to_header_value());
+        Ok(Some(resolved))
+    }
+
+    /// Fixes `key` as the logical request's key in `ext`, after the vendor's length check.
+    fn fix(
+        &self,
+        ext: &mut Extensions,
+        key: IdempotencyKey,
+        random: bool,
+    ) -> Result<Resolved, InvalidKey> {
+        if key.as_str().len() > self.max_len {
+            return Err(InvalidKey::over_vendor_limit(
+                key.as_str().len(),
+                self.max_len,
+                &self.vendor,
+            ));
+        }
+        let in_flight = InFlight {
+            key: Some(key.clone()),
+            passes: 1,
+            random,
+            attempt: 0,
+        };
+        match ext.get_mut::<InFlight>() {
+            Some(existing) => *existing = in_flight,
+            None => {
+                ext.insert(in_flight);
+            }
+        }
+        Ok(Resolved { key, random })
+    }
+
+    /// The key, and whether it is on the request already (so need not be placed).
+    fn resolve(
+        &self,
+        req: &Request,
+        ext: &mut Extensions,
+    ) -> Result<(Option<Resolved>, bool), InvalidKey> {
+        if let Some(fixed) = reuse(ext) {
+            return Ok((Some(fixed), false));
+        }
+        let mut on_request = false;
         let (key, random) = if let Some(key) = self.on_request(req)? {
+            on_request = true;
             (Some(key), false)
         } else {
             match ext.get::<KeyChoice>() {
@@ -110,21 +181,9 @@ impl KeyResolver {
             }
         };
         let Some(key) = key else {
-            return Ok(None);
+            return Ok((None, false));
         };
-        if key.as_str().len() > self.max_len {
-            return Err(InvalidKey::over_vendor_limit(
-                key.as_str().len(),
-                self.max_len,
-                &self.vendor,
-            ));
-        }
-        ext.insert(KeyInUse {
-            key: key.clone(),
-            passes: 1,
-            random,
-        });
-        Ok(Some(Resolved { key, random }))
+        Ok((Some(self.fix(ext, key, random)?), on_request))
     }
 
     /// The key the caller put on the request itself.
@@ -181,6 +240,17 @@ impl KeyResolver {
             }
         }
     }
+}
+
+/// The key an earlier pass over the same logical request fixed, counting this pass.
+fn reuse(ext: &mut Extensions) -> Option<Resolved> {
+    let in_flight = ext.get_mut::<InFlight>()?;
+    let key = in_flight.key.clone()?;
+    in_flight.passes += 1;
+    Some(Resolved {
+        key,
+        random: in_flight.random,
+    })
 }
 
 /// The request's body as a JSON object, `None` without a body.

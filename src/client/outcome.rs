@@ -40,10 +40,11 @@ pub(crate) fn classify(
         return Some(Class::Other);
     };
     let status = response.status();
-    let small = response
-        .content_length()
-        .is_none_or(|n| n <= MAX_RULE_BODY_BYTES);
-    if small && profile.needs_body(status) {
+    if profile.needs_body(status)
+        && response
+            .content_length()
+            .is_none_or(|n| n <= MAX_RULE_BODY_BYTES)
+    {
         return None;
     }
     Some(profile.classify(status, None))

@@ -47,6 +47,8 @@ pub struct VendorProfile {
     key: KeyPlacement,
     max_key_len: usize,
     rules: Vec<(Class, AnswerMatch)>,
+    /// The lowest status any rule names: answers below it need no look at the rules.
+    lowest_rule_status: u16,
     should_retry: Vec<HeaderName>,
     retention: Duration,
     retention_documented: bool,
@@ -236,11 +238,13 @@ impl VendorProfile {
             name: name.into(),
             key: KeyPlacement::Header(IDEMPOTENCY_KEY),
             max_key_len: MAX_KEY_LEN,
-            rules: vec![(Class::InProgress, in_progress_statuses())],
+            rules: Vec::new(),
+            lowest_rule_status: u16::MAX,
             should_retry: vec![headers::X_SHOULD_RETRY, headers::STRIPE_SHOULD_RETRY],
             retention: ASSUMED_RETENTION,
             retention_documented: false,
         }
+        .with_in_progress(in_progress_statuses())
     }
 
     /// The key goes in this header (a [`KeyHeader`](crate::protocol::KeyHeader) or any
@@ -361,18 +365,29 @@ impl VendorProfile {
             Class::Other => 3,
         };
         self.rules.sort_by_key(|(c, _)| rank(c));
+        self.lowest_rule_status = self
+            .rules
+            .iter()
+            .flat_map(|(_, rule)| rule.statuses.iter().map(StatusCode::as_u16))
+            .min()
+            .unwrap_or(u16::MAX);
         self
     }
 
     /// Whether an answer with `status` must have its body read to be classified.
     pub(crate) fn needs_body(&self, status: StatusCode) -> bool {
-        self.rules
-            .iter()
-            .any(|(_, rule)| rule.needs_body() && rule.statuses.contains(&status))
+        status.as_u16() >= self.lowest_rule_status
+            && self
+                .rules
+                .iter()
+                .any(|(_, rule)| rule.needs_body() && rule.statuses.contains(&status))
     }
 
     /// What an answer means, from its status and (if read) its JSON body.
     pub(crate) fn classify(&self, status: StatusCode, body: Option<&Value>) -> Class {
+        if status.as_u16() < self.lowest_rule_status {
+            return Class::Other;
+        }
         self.rules
             .iter()
             .find(|(_, rule)| rule.matches(status, body))

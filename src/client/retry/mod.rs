@@ -4,8 +4,10 @@
 
 mod budget;
 mod policy;
+mod resend;
 mod strategy;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +21,7 @@ use tokio::time::Instant;
 pub use self::budget::RetryBudget;
 use self::budget::Spent;
 pub use self::policy::{DEFAULT_RETRY_AFTER_CAP, default_policy};
+use self::resend::Resend;
 pub use self::strategy::IdempotentRetryStrategy;
 use super::error::{Error, Kind};
 use super::flight::{Flights, Identity};
@@ -224,126 +227,181 @@ impl RetryMiddleware {
     }
 
     /// Sends the logical request: the attempts, the waits, the typed result.
-    async fn send(
-        &self,
-        req: Request,
-        ext: &mut Extensions,
-        next: Next<'_>,
+    ///
+    /// An `async` block rather than an `async fn`: the future holds the arguments once
+    /// (an `async fn` keeps a second copy of each, and this future is boxed per request).
+    #[allow(clippy::manual_async_fn)]
+    fn send<'a>(
+        &'a self,
+        mut request: Outgoing,
+        ext: &'a mut Extensions,
+        next: Next<'a>,
         key: Option<IdempotencyKey>,
-        single_shot: bool,
         deadline: Option<Instant>,
-    ) -> reqwest_middleware::Result<Response> {
-        let started = SystemTime::now();
-        let mut original = Some(req);
-        let mut attempt = 0u32;
-        let mut spent: Option<Spent> = None;
-        let last = loop {
-            attempt += 1;
-            ext.insert(Attempt(attempt));
-            #[allow(clippy::expect_used)]
-            let this = if single_shot {
-                original
-                    .take()
-                    .expect("a single shot is sent once: the loop ends after its answer")
-            } else {
-                original
-                    .as_ref()
-                    .and_then(Request::try_clone)
-                    .expect("only a streaming body fails to clone, and those are single shots")
-            };
-            let run = next.clone().run(this, ext);
-            let result = match deadline {
-                // Rare paths are boxed: they would otherwise grow every request's future.
-                Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
-                    Ok(result) => result,
-                    Err(_) => break Last::DeadlinePassed,
-                },
-                None => run.await,
-            };
-            let (result, class) = if key.is_none() {
-                (result, Class::Other)
-            } else if let Some(class) = outcome::classify(&result, &self.profile) {
-                (result, class)
-            } else {
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let single_shot = matches!(request, Outgoing::Once(_));
+            let started = SystemTime::now();
+            let mut attempt = 0u32;
+            let mut spent: Option<Spent> = None;
+            let last = loop {
+                attempt += 1;
+                Attempt::set(ext, attempt);
                 #[allow(clippy::expect_used)]
-                let response = result.expect("classify() asks for the body of responses only");
-                let read = outcome::classify_with_body(response, &self.profile, deadline);
-                match Box::pin(read).await {
-                    Some(judged) => judged,
-                    None => break Last::DeadlinePassed,
+                let this = match &mut request {
+                    Outgoing::Once(req) => req
+                        .take()
+                        .expect("a single shot is sent once: the loop ends after its answer"),
+                    Outgoing::Copies(resend) => resend.copy(),
+                };
+                let run = next.clone().run(this, ext);
+                let result = match deadline {
+                    // Rare paths are boxed: they would otherwise grow every request's future.
+                    Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
+                        Ok(result) => result,
+                        Err(_) => break Last::DeadlinePassed,
+                    },
+                    None => run.await,
+                };
+                let (result, class) = if key.is_none() {
+                    (result, Class::Other)
+                } else if let Some(class) = outcome::classify(&result, &self.profile) {
+                    (result, class)
+                } else {
+                    #[allow(clippy::expect_used)]
+                    let response = result.expect("classify() asks for the body of responses only");
+                    let read = outcome::classify_with_body(response, &self.profile, deadline);
+                    match Box::pin(read).await {
+                        Some(judged) => judged,
+                        None => break Last::DeadlinePassed,
+                    }
+                };
+                if single_shot || !self.wants_retry(&result, class) {
+                    break Last::Answer(result, class);
                 }
+                let Some(wait) = policy::next_wait(
+                    &*self.policy,
+                    result.as_ref().ok(),
+                    started,
+                    attempt - 1,
+                    self.retry_after_cap,
+                ) else {
+                    break Last::Answer(result, class);
+                };
+                // A wait that ends at or past the deadline (or past what an `Instant` can
+                // hold) is not worth starting.
+                if deadline
+                    .is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at))
+                {
+                    break Last::Answer(result, class);
+                }
+                if let Some(budget) = &self.budget {
+                    let after_timeout = matches!(&result, Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout());
+                    match budget.try_spend(after_timeout) {
+                        Some(s) => spent = Some(s),
+                        None => break Last::BudgetExhausted(result),
+                    }
+                }
+                tracing::debug!(
+                    attempt,
+                    ?wait,
+                    key = key.as_ref().map(IdempotencyKey::as_str),
+                    "retrying with the same idempotency key"
+                );
+                drop(result);
+                Box::pin(tokio::time::sleep(wait)).await;
             };
-            if single_shot || !self.wants_retry(&result, class) {
-                break Last::Answer(result, class);
-            }
-            let Some(wait) = policy::next_wait(
-                &*self.policy,
-                result.as_ref().ok(),
-                started,
-                attempt - 1,
-                self.retry_after_cap,
-            ) else {
-                break Last::Answer(result, class);
-            };
-            // A wait that ends at or past the deadline (or past what an `Instant` can
-            // hold) is not worth starting.
-            if deadline.is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at)) {
-                break Last::Answer(result, class);
-            }
-            if let Some(budget) = &self.budget {
-                let after_timeout =
-                    matches!(&result, Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout());
-                match budget.try_spend(after_timeout) {
-                    Some(s) => spent = Some(s),
-                    None => break Last::BudgetExhausted(result),
+            if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last) {
+                if r.status().as_u16() < 400 {
+                    budget.succeeded(spent);
                 }
             }
-            tracing::debug!(
-                attempt,
-                ?wait,
-                key = key.as_ref().map(IdempotencyKey::as_str),
-                "retrying with the same idempotency key"
-            );
-            drop(result);
-            Box::pin(tokio::time::sleep(wait)).await;
-        };
-        if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last) {
-            if r.status().as_u16() < 400 {
-                budget.succeeded(spent);
-            }
+            outcome::finish(key, attempt, last, self.deadline)
         }
-        outcome::finish(key, attempt, last, self.deadline)
     }
 }
 
-#[async_trait::async_trait]
+// Written out instead of `#[async_trait]`: the checks before the first attempt run
+// here, synchronously, and only the loop's own future is boxed.
 impl Middleware for RetryMiddleware {
-    async fn handle(
-        &self,
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
         mut req: Request,
-        ext: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let resolved = self.keys.attach(&mut req, ext)?;
-        let replayable = req.body().is_none_or(|b| b.as_bytes().is_some());
+        ext: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        let resolved = match self.keys.attach(&mut req, ext) {
+            Ok(resolved) => resolved,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        };
         let key = resolved.as_ref().map(|r| r.key.clone());
+        let replayable = req.body().is_none_or(|b| b.as_bytes().is_some());
         if let (Some(key), false) = (&key, replayable) {
-            let key = key.clone();
-            return Err(Error::new(Kind::BodyNotReplayable { key }, 0, None).into());
+            let err = Error::new(Kind::BodyNotReplayable { key: key.clone() }, 0, None);
+            return Box::pin(std::future::ready(Err(err.into())));
         }
         // A POST or PATCH without a key, or a stream without a key, is sent once; the
         // deadline still bounds it.
         let single_shot = !replayable || (key.is_none() && !status::is_idempotent(req.method()));
+        let request = if single_shot {
+            Outgoing::Once(Some(req))
+        } else {
+            match Resend::new(req) {
+                Some(resend) => Outgoing::Copies(resend),
+                None => return Box::pin(std::future::ready(Err(body_lost(key)))),
+            }
+        };
         // A deadline too far away to represent (`Duration::MAX`) is no deadline.
         let deadline = self.deadline.and_then(|d| Instant::now().checked_add(d));
-        match (&self.flights, &resolved) {
+        match (&self.flights, resolved) {
             (Some(flights), Some(resolved)) if !resolved.random => {
-                let flight = flights.run(&resolved.key, Identity::of(&req), deadline, || {
-                    self.send(req, ext, next, key, single_shot, deadline)
-                });
-                Box::pin(flight).await
+                let identity = Identity::of(request.request());
+                Box::pin(flights.run(resolved.key, identity, deadline, move || {
+                    self.send(request, ext, next, key, deadline)
+                }))
             }
-            _ => self.send(req, ext, next, key, single_shot, deadline).await,
+            _ => Box::pin(self.send(request, ext, next, key, deadline)),
         }
+    }
+}
+
+/// What the loop sends: a single shot once, or copies of a request it keeps.
+enum Outgoing {
+    Once(Option<Request>),
+    Copies(Resend),
+}
+
+impl Outgoing {
+    #[allow(clippy::expect_used)]
+    fn request(&self) -> &Request {
+        match self {
+            Self::Once(req) => req.as_ref().expect("taken only by the loop"),
+            Self::Copies(resend) => resend.original(),
+        }
+    }
+}
+
+/// The error for a body that [`Resend::new`] could not keep: not expected from
+/// reqwest's in-memory bodies, but a clear error rather than a request sent without it.
+fn body_lost(key: Option<IdempotencyKey>) -> reqwest_middleware::Error {
+    let why = "the request body could not be kept for resending; nothing was sent";
+    match key {
+        Some(key) => Error::new(
+            Kind::OutcomeUnknown {
+                key,
+                cause: why.into(),
+                source: None,
+            },
+            0,
+            None,
+        )
+        .into(),
+        None => reqwest_middleware::Error::middleware(std::io::Error::other(why)),
     }
 }
