@@ -98,10 +98,14 @@ async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
         .await
         .unwrap_or_else(|e| panic!("the PostgreSQL at {pg_url} must be reachable: {e}"));
     pg.migrate().await.expect("create the bench table");
+    let admin = sqlx::PgPool::connect(&pg_url)
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {pg_url} must be reachable: {e}"));
     sqlx::raw_sql("TRUNCATE idemkey_bench")
-        .execute(pg.pool())
+        .execute(&admin)
         .await
         .expect("empty the bench table");
+    admin.close().await;
     let dir = std::env::temp_dir().join(format!("idemkey-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
     let sqlite = SqliteStore::open(dir.join("bench.db"))

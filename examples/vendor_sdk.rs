@@ -162,8 +162,9 @@ async fn fake_vendor() -> std::io::Result<String> {
         let state = Arc::clone(&state);
         async move {
             use axum::http::StatusCode;
+            use idemkey::protocol::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
             let key = headers
-                .get("idempotency-key")
+                .get(IDEMPOTENCY_KEY)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned();
@@ -174,7 +175,7 @@ async fn fake_vendor() -> std::io::Result<String> {
             let Ok(mut vendor) = state.lock() else {
                 return (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    [("idempotent-replayed", "false")],
+                    [(IDEMPOTENT_REPLAYED, "false")],
                     String::new(),
                 );
             };
@@ -183,7 +184,7 @@ async fn fake_vendor() -> std::io::Result<String> {
             if *seen == 1 {
                 return (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    [("idempotent-replayed", "false")],
+                    [(IDEMPOTENT_REPLAYED, "false")],
                     String::new(),
                 );
             }
@@ -195,7 +196,7 @@ async fn fake_vendor() -> std::io::Result<String> {
                 .or_insert_with(|| format!(r#"{{"id":"ch_{n}","amount":{amount}}}"#))
                 .clone();
             let flag = if replayed { "true" } else { "false" };
-            (StatusCode::OK, [("idempotent-replayed", flag)], charge)
+            (StatusCode::OK, [(IDEMPOTENT_REPLAYED, flag)], charge)
         }
     };
     let app = axum::Router::new()

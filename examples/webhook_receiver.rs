@@ -16,7 +16,8 @@
 //! on one Redis or PostgreSQL process each event once between them.
 //!
 //! With `--secret`, every route checks its sender's signature **before** deduplication,
-//! so a forged delivery is refused (401) and never receives the replay of a genuine one:
+//! so a forged delivery is refused (`401 signature-rejected`) and never receives the
+//! replay of a genuine one:
 //! Standard Webhooks (`webhook-signature`, the secret as `whsec_<base64>`), Stripe
 //! (`Stripe-Signature`, `t=...,v1=<hex>` over `{t}.{body}`) and GitHub
 //! (`X-Hub-Signature-256`, `sha256=<hex>` over the body). Timestamps must be within
@@ -39,10 +40,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, StatusCode, header};
-use idemkey::protocol::problem::{PROBLEM_JSON, TYPE_PREFIX};
-use idemkey::server::Engine;
+use http::{HeaderMap, StatusCode};
 use idemkey::server::webhook::{Preset, StandardWebhooksVerifier};
+use idemkey::server::{Engine, Rejection};
 use idemkey::store::Store;
 use sha2::Sha256;
 
@@ -126,7 +126,7 @@ impl Checks {
         // raw key bytes, as Stripe and GitHub use theirs.
         let standard = StandardWebhooksVerifier::new(secret)
             .unwrap_or_else(|_| StandardWebhooksVerifier::from_key_bytes(secret.as_bytes()))
-            .with_tolerance(TOLERANCE);
+            .tolerance(TOLERANCE);
         Self {
             stripe: Check::Stripe(Arc::from(secret.as_bytes())),
             github: Check::GitHub(Arc::from(secret.as_bytes())),
@@ -152,35 +152,17 @@ impl Check {
     }
 }
 
-/// Buffers the body, checks the signature, hands the same bytes on.
+/// Buffers the body, checks the signature, hands the same bytes on. Refusals are the
+/// crate's problem answers (`body-too-large`, `body-unreadable`, `signature-rejected`).
 async fn verify(State(check): State<Check>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
         Ok(b) => b,
-        Err(e) if is_length_limit(&e) => {
-            return problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Delivery body too large",
-                &e.to_string(),
-            );
-        }
-        Err(e) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "body-unreadable",
-                "Delivery body could not be read",
-                &e.to_string(),
-            );
-        }
+        Err(e) if is_length_limit(&e) => return answer(Rejection::body_too_large(BODY_LIMIT)),
+        Err(e) => return answer(Rejection::body_unreadable(e)),
     };
     if let Err(why) = check.verify(&parts.headers, &bytes) {
-        return problem(
-            StatusCode::UNAUTHORIZED,
-            "invalid-signature",
-            "Webhook signature rejected",
-            &why,
-        );
+        return answer(Rejection::signature_rejected(why));
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
@@ -199,19 +181,9 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
-fn problem(status: StatusCode, case: &str, title: &str, detail: &str) -> Response {
-    let body = serde_json::json!({
-        "type": format!("{TYPE_PREFIX}{case}"),
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, PROBLEM_JSON)],
-        body.to_string(),
-    )
-        .into_response()
+/// The problem response of `rejection`, as axum's response type.
+fn answer(rejection: Rejection) -> Response {
+    rejection.into_response().into_response()
 }
 
 fn mac(key: &[u8]) -> Hmac<Sha256> {

@@ -51,6 +51,8 @@ use http::{HeaderMap, HeaderName, Method, Uri, header::CONTENT_TYPE};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::json_pointer::{self, Pointer};
+
 /// The version of the fingerprint scheme, the first byte of every [`Fingerprint`].
 ///
 /// It changes whenever the hashed input changes, so that fingerprints of different
@@ -157,7 +159,7 @@ impl Hasher {
 pub struct Fingerprinter {
     headers: Vec<HeaderName>,
     canonical_json: bool,
-    json_fields: Option<Vec<String>>,
+    json_fields: Option<Vec<Pointer>>,
     without_body: bool,
 }
 
@@ -215,7 +217,12 @@ impl Fingerprinter {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.json_fields = Some(pointers.into_iter().map(Into::into).collect());
+        self.json_fields = Some(
+            pointers
+                .into_iter()
+                .map(|p| Pointer::new(&p.into()))
+                .collect(),
+        );
         self
     }
 
@@ -294,34 +301,40 @@ impl Fingerprinter {
             h.field(b'X', b"");
             return;
         }
-        let wants_json = self.canonical_json || self.json_fields.is_some();
-        let value = (wants_json && (self.json_fields.is_some() || is_json(headers)))
-            .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
-            .flatten();
-        let Some(value) = value else {
-            h.field(b'R', body);
-            return;
-        };
         match &self.json_fields {
-            None => match serde_json_canonicalizer::to_vec(&value) {
-                Ok(c) => h.field(b'C', &c),
-                Err(_) => h.field(b'R', body),
-            },
-            Some(pointers) => {
-                h.field(b'F', &(pointers.len() as u64).to_be_bytes());
-                for p in pointers {
-                    h.field(b'p', p.as_bytes());
-                    match value
-                        .pointer(p)
-                        .and_then(|v| serde_json_canonicalizer::to_vec(v).ok())
-                    {
-                        Some(c) => h.field(b'v', &c),
-                        None => h.field(b'a', b""),
+            // Parsed as a `Value` whatever the `Content-Type`; a body that is not one is
+            // fingerprinted raw.
+            Some(pointers) => match json_pointer::parse_value_document(body) {
+                Some(doc) => {
+                    h.field(b'F', &(pointers.len() as u64).to_be_bytes());
+                    for p in pointers {
+                        h.field(b'p', p.as_str().as_bytes());
+                        match p.find(doc).and_then(canonical) {
+                            Some(c) => h.field(b'v', &c),
+                            None => h.field(b'a', b""),
+                        }
                     }
                 }
+                None => h.field(b'R', body),
+            },
+            None if self.canonical_json && is_json(headers) => {
+                match serde_json::from_slice::<serde_json::Value>(body)
+                    .ok()
+                    .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok())
+                {
+                    Some(c) => h.field(b'C', &c),
+                    None => h.field(b'R', body),
+                }
             }
+            None => h.field(b'R', body),
         }
     }
+}
+
+/// RFC 8785 canonical form of one JSON value, read as a `Value` (as it always was).
+fn canonical(value: &serde_json::value::RawValue) -> Option<Vec<u8>> {
+    let value: serde_json::Value = serde_json::from_str(value.get()).ok()?;
+    serde_json_canonicalizer::to_vec(&value).ok()
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -482,5 +495,126 @@ mod tests {
             Fingerprint::of_bytes(b"1"),
             Fingerprint::of_json(&1).unwrap_or_else(|e| panic!("{e}"))
         );
+    }
+
+    /// Fingerprints are stored: a change of any value below turns every retry of a
+    /// request claimed before an upgrade into `422 key-reused`. Bump
+    /// `FINGERPRINT_VERSION` instead of editing these.
+    #[test]
+    fn pinned_values_never_change() {
+        let uri = Uri::from_static("/v1/charges?x=1");
+        let json = json_headers();
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let rich = r#"{"amount":100,"currency":"eur","a/b":{"~x":[1,2.50,{"k":"\u00e9"}]},"items":[{"id":"i1"},{"id":"i2"}],"dup":1,"dup":{"z":1,"a":[true,null]}}"#;
+        let fields = Fingerprinter::new().json_fields([
+            "/amount",
+            "/missing",
+            "/a~1b/~0x",
+            "/items/1",
+            "/items/01",
+            "/dup",
+            "",
+            "nope",
+        ]);
+        let cases: Vec<(&str, Fingerprint)> = vec![
+            (
+                "raw",
+                Fingerprinter::new().fingerprint(&Method::POST, &uri, &json, br#"{"amount":100}"#),
+            ),
+            (
+                "raw, no content type",
+                Fingerprinter::new().fingerprint(&Method::POST, &uri, &HeaderMap::new(), b""),
+            ),
+            (
+                "canonical",
+                Fingerprinter::new().canonical_json().fingerprint(
+                    &Method::POST,
+                    &uri,
+                    &json,
+                    rich.as_bytes(),
+                ),
+            ),
+            (
+                "headers",
+                Fingerprinter::new()
+                    .header(HeaderName::from_static("stripe-account"))
+                    .fingerprint(&Method::PUT, &uri, &json, b"x"),
+            ),
+            (
+                "without body",
+                Fingerprinter::new().without_body().fingerprint(
+                    &Method::POST,
+                    &uri,
+                    &json,
+                    b"ignored",
+                ),
+            ),
+            (
+                "fields",
+                fields.fingerprint(&Method::POST, &uri, &json, rich.as_bytes()),
+            ),
+            (
+                "fields, no content type",
+                fields.fingerprint(&Method::POST, &uri, &HeaderMap::new(), rich.as_bytes()),
+            ),
+            (
+                "fields and canonical",
+                fields.clone().canonical_json().fingerprint(
+                    &Method::POST,
+                    &uri,
+                    &json,
+                    rich.as_bytes(),
+                ),
+            ),
+            (
+                "fields, not JSON",
+                fields.fingerprint(&Method::POST, &uri, &json, b"amount=100"),
+            ),
+            (
+                "fields, nested past the depth limit",
+                fields.fingerprint(&Method::POST, &uri, &json, deep.as_bytes()),
+            ),
+            (
+                "fields, number out of range",
+                fields.fingerprint(&Method::POST, &uri, &json, br#"{"amount":1e400}"#),
+            ),
+            (
+                "fields, lone surrogate",
+                fields.fingerprint(&Method::POST, &uri, &json, br#"{"amount":1,"s":"\ud800"}"#),
+            ),
+            (
+                "fields, empty list",
+                Fingerprinter::new()
+                    .json_fields(Vec::<String>::new())
+                    .fingerprint(&Method::POST, &uri, &json, rich.as_bytes()),
+            ),
+            ("of_bytes", Fingerprint::of_bytes(b"job-1")),
+            (
+                "of_json",
+                Fingerprint::of_json(&serde_json::json!({"b": [1, 2], "a": "x"}))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ),
+        ];
+        let pinned = [
+            "01436f88bc9319d9169ec6dde9c6c0b7ff3f6fbe6f41b393d11a1c2efaed1b619b",
+            "01b7d1886d48e6727ae02a62452d5cfbc318c86cbe41923cee317d54a8955d31ee",
+            "013911f1c970437d43dec26deaddbe434e7b17b17766c62db353d14b7b1b6c94f3",
+            "01e74d4eaca12692de9f838809a10b5292a305396dff5c1123b76f546406439a47",
+            "013a127420f21e8f252c7ac2092928f98146a5820fe0c7a779da850873abeb497e",
+            "015f1c7e688e094abe1f54e8511253e0a1a31b7cedd494838aaa3e9745ec0b6e65",
+            "011e02061ed8774429d9f250446f205d976ec96dd0cc367e16224d9b057e7788fc",
+            "01366fae3ee58ebcffbbb10d2a8cc7eae4612510a7692da9ef191d608cd01a9442",
+            "01531abf954c2a0c7161fa494a37780bdd87deaf7af9f83a45606f7b3018309eb5",
+            "014e9c1071d652cc56f846a4988f98b77ebc16e35ab637676275d6126f37f63067",
+            "01dba3d021c2f8e87750532cdf2b9af81620e5e86f6218f490146047ed41f70f61",
+            "01df7c643c9d4f4d2125a3949f2e5c7fa201c11e1c3d2b11f203bd261fbae6c7d7",
+            "0119c8feb6d0cb422a0b1621321293d7e5e138212ff502656ba9cddedabd3deec8",
+            "01e86c02941d30fc127618b37add7444c8de51a13be31b17774f2f8b7e315b8e99",
+            "016dd0a9fa909b798f8550e0bc1f8bfe189540c4c78393fca06122683d95907bb9",
+        ];
+        assert_eq!(cases.len(), pinned.len());
+        for ((name, fp), want) in cases.iter().zip(pinned) {
+            assert_eq!(fp.to_hex(), want, "{name}");
+        }
     }
 }

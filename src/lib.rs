@@ -55,6 +55,8 @@ pub mod protocol;
 #[cfg(feature = "server")]
 pub mod fingerprint;
 #[cfg(feature = "server")]
+mod json_pointer;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 pub mod store;

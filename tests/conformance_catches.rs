@@ -7,39 +7,79 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemkey::store::{Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, Store, StoreError};
+use idemkey::store::{
+    Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, RecordInfo, RecordState, Store,
+    StoreError,
+};
 use idemkey::testing::conformance;
+use tokio::time::Instant;
 
 /// Which defect a [`Broken`] store has.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Defect {
+    /// None: the wrapper itself passes the checks.
+    None,
     /// Reports success for writes that were fenced (and so wrote nothing).
     SilentFencing,
     /// Lets the second claim on a record win too, as a read-then-write store would.
     DoubleWin,
     /// Never reports a takeover.
     NoTakeoverFlag,
-    /// Checks the token but not the lease: an owner whose lease ended can still write
-    /// while nobody else claimed the record.
-    TokenOnly,
+    /// Fences an owner as soon as its lease ends, although nobody took the record over
+    /// (contract v1): the only outcome there is would be lost.
+    FencesAtLeaseEnd,
+    /// Removes an abandoned claim at the end of its lease, ignoring its retention.
+    DropsAbandoned,
+    /// Keeps an abandoned claim forever, ignoring its retention.
+    KeepsAbandoned,
+    /// Reports an in-progress record's `expires` as lease + retention (when it will be
+    /// removed) instead of the end of its lease.
+    ExpiresAtRemoval,
+    /// Force-releases by ending the lease at once: the owner may still complete.
+    ForceReleaseEndsLease,
+    /// Lists the newest claim first.
+    ListsNewestFirst,
+    /// Lists only records whose lease is live: stuck keys stay hidden.
+    ListsLiveOnly,
+    /// Ignores `limit`.
+    ListsUnlimited,
+}
+
+/// What the wrapper remembers of a record's last winning claim.
+#[derive(Clone)]
+struct Owner {
+    token: FencingToken,
+    retention: Duration,
+    lease_end: Instant,
 }
 
 struct Broken {
     inner: MemoryStore,
     defect: Defect,
     claims: AtomicUsize,
-    /// The last winning token and fingerprint per record ([`Defect::TokenOnly`]).
-    owners: Mutex<HashMap<RecordId, (FencingToken, Vec<u8>)>>,
+    owners: Mutex<HashMap<RecordId, Owner>>,
 }
 
 #[async_trait::async_trait]
 impl Store for Broken {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+    async fn claim(&self, mut req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let n = self.claims.fetch_add(1, Ordering::SeqCst);
-        let (id, token, fingerprint) = (*req.id, req.token, req.fingerprint.to_vec());
+        let owner = Owner {
+            token: req.token,
+            retention: req.retention,
+            lease_end: Instant::now()
+                .checked_add(req.lease)
+                .unwrap_or_else(Instant::now),
+        };
+        let id = *req.id;
+        match self.defect {
+            Defect::DropsAbandoned => req.retention = Duration::ZERO,
+            Defect::KeepsAbandoned => req.retention = Duration::MAX,
+            _ => {}
+        }
         let claim = self.inner.claim(req).await?;
         if matches!(claim, Claim::Acquired { .. }) {
-            self.owners_mut().insert(id, (token, fingerprint));
+            self.owners().insert(id, owner);
         }
         Ok(match (self.defect, claim) {
             (Defect::DoubleWin, Claim::InProgress { .. }) if n % 100 == 1 => {
@@ -56,9 +96,7 @@ impl Store for Broken {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        if matches!(self.defect, Defect::TokenOnly) {
-            self.revive(id, token).await;
-        }
+        self.lease_check(id, token)?;
         let r = self.inner.complete(id, token, payload, retention).await;
         self.silence(r)
     }
@@ -68,12 +106,55 @@ impl Store for Broken {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
+        self.lease_check(id, token)?;
         let r = self.inner.renew(id, token, lease).await;
+        if r.is_ok() {
+            if let Some(o) = self.owners().get_mut(id) {
+                o.lease_end = Instant::now().checked_add(lease).unwrap_or(o.lease_end);
+            }
+        }
         self.silence(r)
     }
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        self.lease_check(id, token)?;
         let r = self.inner.release(id, token).await;
         self.silence(r)
+    }
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        self.inner.sweep().await
+    }
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let mut info = self.inner.inspect(id).await?;
+        if let (Defect::ExpiresAtRemoval, Some(i)) = (self.defect, info.as_mut()) {
+            if i.state == RecordState::InProgress {
+                i.expires += self.owner(id).map_or(Duration::ZERO, |o| o.retention);
+            }
+        }
+        Ok(info)
+    }
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        if self.defect == Defect::ForceReleaseEndsLease {
+            if let Some(o) = self.owner(id) {
+                if self.inner.renew(id, o.token, Duration::ZERO).await.is_ok() {
+                    return Ok(true);
+                }
+            }
+        }
+        self.inner.force_release(id).await
+    }
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let all = self.inner.list_in_progress(usize::MAX).await?;
+        let now = std::time::SystemTime::now();
+        Ok(match self.defect {
+            Defect::ListsNewestFirst => all.into_iter().rev().take(limit).collect(),
+            Defect::ListsLiveOnly => all
+                .into_iter()
+                .filter(|r| r.expires > now)
+                .take(limit)
+                .collect(),
+            Defect::ListsUnlimited => all,
+            _ => all.into_iter().take(limit).collect(),
+        })
     }
 }
 
@@ -87,25 +168,25 @@ impl Broken {
         })
     }
 
-    fn owners_mut(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, (FencingToken, Vec<u8>)>> {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Owner>> {
         self.owners
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// What a token-only store does for the last owner: writes even though its lease
-    /// ended (modelled by claiming the expired record again with the owner's token).
-    async fn revive(&self, id: &RecordId, token: FencingToken) {
-        let owner = self.owners_mut().get(id).cloned();
-        if let Some((held, fingerprint)) = owner.filter(|(t, _)| *t == token) {
-            let again = ClaimRequest {
-                id,
-                fingerprint: &fingerprint,
-                token: held,
-                lease: Duration::from_secs(60),
-            };
-            let _ = self.inner.claim(again).await;
+    fn owner(&self, id: &RecordId) -> Option<Owner> {
+        self.owners().get(id).cloned()
+    }
+
+    /// [`Defect::FencesAtLeaseEnd`]: the last owner's writes fail once its lease ended.
+    fn lease_check(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        let expired = self
+            .owner(id)
+            .is_some_and(|o| o.token == token && Instant::now() >= o.lease_end);
+        if self.defect == Defect::FencesAtLeaseEnd && expired {
+            return Err(StoreError::fenced());
         }
+        Ok(())
     }
 
     fn silence(&self, r: Result<(), StoreError>) -> Result<(), StoreError> {
@@ -135,14 +216,71 @@ async fn catches_a_missing_takeover_flag() {
 }
 
 #[tokio::test]
-#[should_panic(expected = "by an owner whose lease ended must be fenced")]
-async fn catches_writes_that_ignore_the_lease() {
-    conformance::expired_owner_is_fenced(&Broken::store(Defect::TokenOnly)).await;
+#[should_panic(expected = "nobody took over must still complete")]
+async fn catches_an_expired_owner_fenced_although_nobody_took_over() {
+    conformance::expired_owner_can_still_complete(&Broken::store(Defect::FencesAtLeaseEnd)).await;
 }
 
 #[tokio::test]
+#[should_panic(expected = "must be kept past its lease for the claim's retention")]
+async fn catches_an_abandoned_claim_dropped_at_its_lease_end() {
+    conformance::abandoned_claim_is_kept_for_its_retention(&Broken::store(Defect::DropsAbandoned))
+        .await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "must be removed once lease + retention have passed")]
+async fn catches_an_abandoned_claim_kept_forever() {
+    conformance::abandoned_claim_is_kept_for_its_retention(&Broken::store(Defect::KeepsAbandoned))
+        .await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "expires is the end of its lease")]
+async fn catches_inspect_reporting_the_removal_time_as_the_lease_end() {
+    conformance::inspect_shows_the_record(&Broken::store(Defect::ExpiresAtRemoval)).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "a force-released record is gone")]
+async fn catches_a_force_release_that_only_ends_the_lease() {
+    conformance::force_release_removes_any_record(&Broken::store(Defect::ForceReleaseEndsLease))
+        .await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "oldest claim first")]
+async fn catches_a_list_newest_first() {
+    conformance::list_in_progress_is_oldest_first(&Broken::store(Defect::ListsNewestFirst)).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "must list an in-progress record whose lease expired")]
+async fn catches_a_list_that_hides_stuck_keys() {
+    conformance::list_in_progress_is_oldest_first(&Broken::store(Defect::ListsLiveOnly)).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "list_in_progress(1) returned 3 records")]
+async fn catches_a_list_that_ignores_its_limit() {
+    conformance::list_in_progress_is_oldest_first(&Broken::store(Defect::ListsUnlimited)).await;
+}
+
+/// The wrapper without a defect passes every check the defects above fail, so each
+/// catch is the defect's doing.
+#[tokio::test]
 async fn passes_the_unbroken_store() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let store = Broken::store(Defect::None);
     conformance::writes_are_fenced_by_token(&store).await;
-    conformance::expired_owner_is_fenced(&store).await;
+    conformance::takeover_after_lease_expiry(&store).await;
+    conformance::expired_owner_can_still_complete(&store).await;
+    conformance::abandoned_claim_is_kept_for_its_retention(&store).await;
+    conformance::inspect_shows_the_record(&store).await;
+    conformance::force_release_removes_any_record(&store).await;
+    conformance::list_in_progress_is_oldest_first(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_unbroken_store_under_concurrency() {
+    conformance::claim_is_atomic(&Broken::store(Defect::None)).await;
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemkey::IdempotencyKey;
 use idemkey::fingerprint::Fingerprint;
-use idemkey::server::{Begin, Engine, Execution};
+use idemkey::server::{Claimed, Engine, Execution};
 use idemkey::store::{MemoryStore, RecordId, Store};
 use proptest::prelude::*;
 
@@ -23,9 +23,9 @@ fn fp(s: &str) -> Fingerprint {
     Fingerprint::of_bytes(s.as_bytes())
 }
 
-fn execute(b: Begin) -> Execution {
-    match b {
-        Begin::Execute(e) => e,
+fn execute(c: Claimed) -> Execution {
+    match c {
+        Claimed::Execute(e) => e,
         other => panic!("expected to execute, got {other:?}"),
     }
 }
@@ -39,18 +39,20 @@ async fn crashed_owner_is_taken_over_after_its_lease_and_cannot_write() {
         .build();
     let (k, f) = (key("job-1"), fp("payload"));
 
-    let dead = execute(engine.begin("s", &k, &f).await.expect("claim"));
+    let dead = execute(engine.claim("s", &k, &f).await.expect("claim"));
     let (id, dead_token) = (dead.record_id(), dead.token());
     assert_eq!(id, RecordId::new("s", "job-1"));
     std::mem::forget(dead); // the process died: no renewal, no release
 
     tokio::time::advance(Duration::from_secs(3)).await;
-    let busy = engine.begin("s", &k, &f).await.expect_err("still leased");
-    assert!(busy.is_in_progress());
-    assert_eq!(busy.retry_after(), Some(Duration::from_secs(2)));
+    let busy = engine.claim("s", &k, &f).await.expect("still leased");
+    assert!(
+        matches!(busy, Claimed::InProgress { retry_after } if retry_after == Duration::from_secs(2)),
+        "{busy:?}"
+    );
 
     tokio::time::advance(Duration::from_secs(2)).await;
-    let heir = execute(engine.begin("s", &k, &f).await.expect("takeover"));
+    let heir = execute(engine.claim("s", &k, &f).await.expect("takeover"));
     assert!(heir.is_takeover());
     assert_ne!(heir.token(), dead_token);
 
@@ -81,8 +83,8 @@ async fn crashed_owner_is_taken_over_after_its_lease_and_cannot_write() {
     heir.complete(Bytes::from_static(b"heir"))
         .await
         .expect("complete");
-    match engine.begin("s", &k, &f).await.expect("replay") {
-        Begin::Replay(p) => assert_eq!(p, "heir"),
+    match engine.claim("s", &k, &f).await.expect("replay") {
+        Claimed::Replay(p) => assert_eq!(p, "heir"),
         other => panic!("{other:?}"),
     }
 }
@@ -94,7 +96,7 @@ async fn a_running_operation_keeps_its_lease_and_retention_is_separate() {
         .retention(Duration::from_secs(60))
         .build();
     let (k, f) = (key("long"), fp("x"));
-    let mut exec = execute(engine.begin("", &k, &f).await.expect("claim"));
+    let mut exec = execute(engine.claim("", &k, &f).await.expect("claim"));
     let runner = tokio::spawn(async move {
         exec.run(tokio::time::sleep(Duration::from_secs(30))).await;
         assert!(!exec.is_lost());
@@ -104,22 +106,19 @@ async fn a_running_operation_keeps_its_lease_and_retention_is_separate() {
     });
     // Six leases later the owner still holds the key: renewal works.
     tokio::time::sleep(Duration::from_secs(29)).await;
-    assert!(
-        engine
-            .begin("", &k, &f)
-            .await
-            .expect_err("held")
-            .is_in_progress()
-    );
+    assert!(matches!(
+        engine.claim("", &k, &f).await.expect("held"),
+        Claimed::InProgress { .. }
+    ));
     runner.await.expect("runner");
 
     tokio::time::sleep(Duration::from_secs(59)).await;
     assert!(matches!(
-        engine.begin("", &k, &f).await,
-        Ok(Begin::Replay(_))
+        engine.claim("", &k, &f).await,
+        Ok(Claimed::Replay(_))
     ));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let again = execute(engine.begin("", &k, &f).await.expect("retention over"));
+    let again = execute(engine.claim("", &k, &f).await.expect("retention over"));
     assert!(!again.is_takeover());
 }
 
@@ -127,17 +126,17 @@ async fn a_running_operation_keeps_its_lease_and_retention_is_separate() {
 async fn dropping_an_execution_releases_its_key() {
     let engine = Engine::new(MemoryStore::new());
     let (k, f) = (key("dropped"), fp("x"));
-    drop(execute(engine.begin("", &k, &f).await.expect("claim")));
+    drop(execute(engine.claim("", &k, &f).await.expect("claim")));
     tokio::task::yield_now().await; // the release runs in the background
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match engine.begin("", &k, &f).await {
-            Ok(Begin::Execute(e)) => {
+        match engine.claim("", &k, &f).await {
+            Ok(Claimed::Execute(e)) => {
                 assert!(!e.is_takeover(), "released, not expired");
                 break;
             }
-            Err(r) if r.is_in_progress() && attempts < 100 => tokio::task::yield_now().await,
+            Ok(Claimed::InProgress { .. }) if attempts < 100 => tokio::task::yield_now().await,
             other => panic!("{other:?}"),
         }
     }
@@ -274,6 +273,8 @@ enum Seen {
     Skipped,
 }
 
+/// Also how long an abandoned claim is kept past its lease: its owner may complete or
+/// release it until then, unless another claim took it over (store contract rule 3).
 const RETENTION: u64 = 20;
 
 proptest! {
@@ -313,18 +314,18 @@ proptest! {
                             Some(ModelState::Done { fp, payload, .. }) if *fp == f => Seen::Replay(*payload),
                             Some(_) => Seen::KeyReused,
                         };
-                        let got = match engine.begin("", &key(&format!("k{k}")), &fp(&format!("f{f}"))).await {
-                            Ok(Begin::Execute(e)) => {
+                        let got = match engine.claim("", &key(&format!("k{k}")), &fp(&format!("f{f}"))).await {
+                            Ok(Claimed::Execute(e)) => {
                                 let seen = Seen::Execute { takeover: e.is_takeover() };
                                 model.insert(k, ModelState::Running { fp: f, owner: execs.len(), until: now + LEASE.as_secs() });
                                 execs.push((k, Some(e)));
                                 seen
                             }
-                            Ok(Begin::Replay(p)) => Seen::Replay(p[0]),
-                            Ok(Begin::Unguarded) => panic!("fail-closed engine"),
-                            Err(r) if r.is_in_progress() => Seen::InProgress,
-                            Err(r) if r.is_key_reused() => Seen::KeyReused,
-                            Err(r) => panic!("{r}"),
+                            Ok(Claimed::Replay(p)) => Seen::Replay(p[0]),
+                            Ok(Claimed::Unguarded) => panic!("fail-closed engine"),
+                            Ok(Claimed::InProgress { .. }) => Seen::InProgress,
+                            Ok(Claimed::KeyReused) => Seen::KeyReused,
+                            Err(e) => panic!("{e}"),
                         };
                         (want, got)
                     }
@@ -336,7 +337,7 @@ proptest! {
                     Op::Complete { exec, payload } => {
                         let (k, e) = &mut execs[exec];
                         let e = e.take().expect("checked above");
-                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until > now);
+                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until + RETENTION > now);
                         let want = if owns { Seen::Ok } else { Seen::Fenced };
                         let got = match e.complete(Bytes::from(vec![payload])).await {
                             Ok(()) => Seen::Ok,
@@ -352,7 +353,7 @@ proptest! {
                     Op::Release { exec } => {
                         let (k, e) = &mut execs[exec];
                         let e = e.take().expect("checked above");
-                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until > now);
+                        let owns = matches!(model.get(k), Some(ModelState::Running { owner, until, .. }) if *owner == exec && *until + RETENTION > now);
                         let want = if owns { Seen::Ok } else { Seen::Fenced };
                         let got = match e.release().await {
                             Ok(()) => Seen::Ok,

@@ -219,11 +219,14 @@ async fn first_request_runs_once_and_retries_get_a_byte_exact_replay() {
 
 #[tokio::test]
 async fn same_key_different_request_is_422_or_400_in_stripe_mode() {
-    for (builder, expected) in [
-        (engine(MemoryStore::new()), 422),
-        (engine(MemoryStore::new()).stripe_compatible(), 400),
+    for (layer, expected) in [
+        (IdempotencyLayer::new(Engine::new(MemoryStore::new())), 422),
+        (
+            IdempotencyLayer::new(Engine::new(MemoryStore::new())).stripe_compatible(),
+            400,
+        ),
     ] {
-        let (server, ctx) = start(IdempotencyLayer::new(builder.build())).await;
+        let (server, ctx) = start(layer).await;
         let client = http();
         let url = server.url("/echo");
         assert_eq!(
@@ -549,6 +552,7 @@ async fn lease_takeover_after_a_crashed_owner_and_its_completion_is_fenced() {
             fingerprint: fp.as_bytes(),
             token: dead,
             lease: Duration::from_millis(200),
+            retention: Duration::ZERO,
         })
         .await
         .expect("claim");
@@ -700,4 +704,47 @@ async fn a_required_scope_rejects_requests_without_it_and_optional_keys_still_gu
         1,
         "an optional key that is present still guards"
     );
+}
+
+/// The one rule for key and scope headers (the `server::extract` docs), over HTTP: a key
+/// or scope header sent twice or empty is malformed and nothing runs; a scope of opaque
+/// bytes is a scope of its own.
+#[tokio::test]
+async fn empty_and_repeated_headers_are_malformed_and_opaque_scopes_are_scopes() {
+    let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new())).scope(
+        idemkey::server::HeaderScope::new(http::header::AUTHORIZATION),
+    );
+    let (server, ctx) = start(layer).await;
+    let client = http();
+    let url = server.url("/echo");
+    let send = |keys: &[&'static [u8]], auths: &[&'static [u8]]| {
+        let mut req = client.post(&url).body("{}");
+        for k in keys {
+            req = req.header("idempotency-key", *k);
+        }
+        for a in auths {
+            req = req.header("authorization", *a);
+        }
+        req.send()
+    };
+    for (keys, auths, want) in [
+        (&[&b""[..]][..], &[&b"Bearer t"[..]][..], "invalid-key"),
+        (&[b"  "], &[b"Bearer t"], "invalid-key"),
+        (&[b"k-1"], &[b""], "invalid-scope"),
+        (&[b"k-1"], &[b"Bearer a", b"Bearer b"], "invalid-scope"),
+    ] {
+        let (status, case, _) = problem(send(keys, auths).await.expect("answer")).await;
+        assert_eq!((status, case.as_str()), (400, want), "{keys:?} {auths:?}");
+    }
+    assert_eq!(ctx.runs.count(), 0);
+
+    let e_acute = json(send(&[b"k-2"], &[b"Bearer caf\xc3\xa9"]).await.expect("a")).await;
+    let e_grave = json(send(&[b"k-2"], &[b"Bearer caf\xc3\xa8"]).await.expect("b")).await;
+    assert_ne!(e_acute["execution"], e_grave["execution"], "two tenants");
+    let again = send(&[b"k-2"], &[b"Bearer caf\xc3\xa9"])
+        .await
+        .expect("again");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(again).await, e_acute);
+    assert_eq!(ctx.runs.count(), 2);
 }

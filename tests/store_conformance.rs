@@ -38,7 +38,7 @@ async fn postgres_store_conforms() {
         async move { store }
     })
     .await;
-    support::drop_postgres_table(&store, &table).await;
+    support::drop_postgres_table(&table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -81,6 +81,7 @@ async fn open_picks_the_store_by_url() {
                 fingerprint: b"fp",
                 token,
                 lease,
+                retention: lease,
             })
             .await
             .unwrap_or_else(|e| panic!("claim on {url}: {e}"));

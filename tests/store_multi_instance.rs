@@ -119,6 +119,5 @@ async fn four_instances_on_one_postgres() {
         async move { Arc::new(support::postgres_store(&table).await) as Arc<dyn Store> }
     })
     .await;
-    let admin = support::postgres_store(&table).await;
-    support::drop_postgres_table(&admin, &table).await;
+    support::drop_postgres_table(&table).await;
 }

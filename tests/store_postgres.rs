@@ -6,6 +6,7 @@ mod support;
 use std::time::Duration;
 
 use idemkey::store::{Claim, ClaimRequest, FencingToken, PostgresStore, RecordId, Store};
+use idemkey::testing::conformance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_from_several_pools_are_atomic_and_return_the_row() {
@@ -32,6 +33,7 @@ async fn claims_from_several_pools_are_atomic_and_return_the_row() {
                         fingerprint: &fp,
                         token,
                         lease,
+                        retention: lease,
                     })
                     .await
                     .expect("claim");
@@ -62,6 +64,7 @@ async fn claims_from_several_pools_are_atomic_and_return_the_row() {
                 fingerprint: b"x",
                 token: FencingToken::random(),
                 lease: Duration::from_secs(60),
+                retention: Duration::from_secs(60),
             })
             .await
             .expect("claim");
@@ -73,7 +76,7 @@ async fn claims_from_several_pools_are_atomic_and_return_the_row() {
             }
         );
     }
-    support::drop_postgres_table(&first, &table).await;
+    support::drop_postgres_table(&table).await;
 }
 
 #[tokio::test]
@@ -91,6 +94,7 @@ async fn sweep_deletes_expired_rows_only() {
                 fingerprint: b"fp",
                 token,
                 lease: long,
+                retention: long,
             })
             .await
             .expect("claim");
@@ -99,17 +103,21 @@ async fn sweep_deletes_expired_rows_only() {
             .await
             .expect("complete");
     }
-    // An in-progress record whose lease ended is swept too.
-    let id = RecordId::new("sweep", "lease");
-    store
-        .claim(ClaimRequest {
-            id: &id,
-            fingerprint: b"fp",
-            token: FencingToken::random(),
-            lease: short,
-        })
-        .await
-        .expect("claim");
+    // An in-progress record whose lease and retention ended is swept too; one whose
+    // lease ended within its retention (an abandoned claim its owner may still complete)
+    // is kept.
+    for (key, retention) in [("lease", short), ("abandoned", long)] {
+        store
+            .claim(ClaimRequest {
+                id: &RecordId::new("sweep", key),
+                fingerprint: b"fp",
+                token: FencingToken::random(),
+                lease: short,
+                retention,
+            })
+            .await
+            .expect("claim");
+    }
 
     let mut swept = 0;
     for _ in 0..200 {
@@ -121,16 +129,18 @@ async fn sweep_deletes_expired_rows_only() {
     }
     assert_eq!(
         swept, 3,
-        "two expired completed records and one expired lease"
+        "two expired completed records and one expired lease past its retention"
     );
+    let admin = support::postgres_admin(&support::postgres_url()).await;
     let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM \"{table}\""
     )))
-    .fetch_one(store.pool())
+    .fetch_one(&admin)
     .await
     .expect("count");
-    assert_eq!(left, 1, "the live record stays");
-    support::drop_postgres_table(&store, &table).await;
+    assert_eq!(left, 2, "the live record and the abandoned claim stay");
+    admin.close().await;
+    support::drop_postgres_table(&table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,7 +160,7 @@ async fn concurrent_migrations_and_the_schema_are_idempotent() {
     }
     store.migrate().await.expect("migrate again");
     assert!(store.schema_sql().contains("CREATE TABLE IF NOT EXISTS"));
-    support::drop_postgres_table(&store, &table).await;
+    support::drop_postgres_table(&table).await;
 }
 
 #[tokio::test]
@@ -190,8 +200,14 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
     }
     let store = store.expect("connect to the private PostgreSQL");
     store.migrate().await.expect("migrate");
+    // One connection, opened now: a connection opened later would count its set-up.
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.url())
+        .await
+        .expect("connect to the private PostgreSQL");
     sqlx::raw_sql("CREATE EXTENSION pg_stat_statements")
-        .execute(store.pool())
+        .execute(&admin)
         .await
         .expect("create pg_stat_statements");
     let statements = || async {
@@ -199,14 +215,14 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
              WHERE query NOT ILIKE '%pg_stat_statements%'",
         )
-        .fetch_one(store.pool())
+        .fetch_one(&admin)
         .await
         .expect("read pg_stat_statements");
         n
     };
     let reset = || async {
         sqlx::raw_sql("SELECT pg_stat_statements_reset()")
-            .execute(store.pool())
+            .execute(&admin)
             .await
             .expect("reset pg_stat_statements");
     };
@@ -216,6 +232,15 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
         FencingToken::random(),
         Duration::from_secs(60),
     );
+    // Starting another instance on a current schema reads the catalog and runs no DDL.
+    reset().await;
+    store.migrate().await.expect("migrate a current schema");
+    assert_eq!(
+        statements().await,
+        1,
+        "migrate on a current schema: one catalog read"
+    );
+
     reset().await;
     let claim = store
         .claim(ClaimRequest {
@@ -223,6 +248,7 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
             fingerprint: b"fp",
             token,
             lease,
+            retention: lease,
         })
         .await
         .expect("claim");
@@ -241,6 +267,7 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
             fingerprint: b"fp",
             token: FencingToken::random(),
             lease,
+            retention: lease,
         })
         .await
         .expect("replay");
@@ -257,11 +284,12 @@ async fn replays_and_duplicates_neither_write_nor_lock() {
         FencingToken::random(),
         Duration::from_secs(60),
     );
+    let admin = support::postgres_admin(&support::postgres_url()).await;
     let version = || async {
         let v: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT xmin::text FROM \"{table}\""
         )))
-        .fetch_one(store.pool())
+        .fetch_one(&admin)
         .await
         .expect("row version");
         v
@@ -271,6 +299,7 @@ async fn replays_and_duplicates_neither_write_nor_lock() {
         fingerprint: b"x",
         token: FencingToken::random(),
         lease,
+        retention: lease,
     };
     store
         .claim(ClaimRequest {
@@ -278,6 +307,7 @@ async fn replays_and_duplicates_neither_write_nor_lock() {
             fingerprint: b"fp",
             token,
             lease,
+            retention: lease,
         })
         .await
         .expect("claim");
@@ -303,5 +333,112 @@ async fn replays_and_duplicates_neither_write_nor_lock() {
         ));
     }
     assert_eq!(version().await, completed, "a replay writes nothing");
-    support::drop_postgres_table(&store, &table).await;
+    support::drop_postgres_table(&table).await;
+}
+
+/// The table and index of the schema before contract v2 (no `created`, no `retention`,
+/// no in-progress index), as `PostgresStore::schema_sql` wrote them.
+fn previous_schema(t: &str, index: &str) -> String {
+    format!(
+        "CREATE TABLE {t} (
+    id          bytea       PRIMARY KEY,
+    fingerprint bytea       NOT NULL,
+    token       bytea,
+    payload     bytea,
+    taken_over  boolean     NOT NULL DEFAULT false,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX {index} ON {t} (expires_at);"
+    )
+}
+
+/// `migrate` upgrades a table of the previous schema in place: its rows stay readable
+/// and writable, the store then passes the conformance suite, and a missing index is
+/// found and made again.
+async fn upgrades_in_place(schema: Option<&str>) {
+    let base = support::unique("idemkey_test");
+    let (name, quoted) = match schema {
+        Some(s) => (format!("{s}.{base}"), format!("\"{s}\".\"{base}\"")),
+        None => (base.clone(), format!("\"{base}\"")),
+    };
+    let admin = support::postgres_admin(&support::postgres_url()).await;
+    if let Some(s) = schema {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{s}\"")))
+            .execute(&admin)
+            .await
+            .expect("create the schema");
+    }
+    let index = format!("\"{base}_expires_at\"");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(previous_schema(&quoted, &index)))
+        .execute(&admin)
+        .await
+        .expect("create a table of the previous schema");
+    let rows = support::PreviousRows::new();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {quoted} (id, fingerprint, token, payload, expires_at) VALUES
+  ($1, 'fp', NULL, 'old payload', now() + interval '1 hour'),
+  ($2, 'fp', $3, NULL, now() + interval '1 hour')"
+    )))
+    .bind(rows.done.as_bytes().as_slice())
+    .bind(rows.running.as_bytes().as_slice())
+    .bind(rows.owner.to_bytes().as_slice())
+    .execute(&admin)
+    .await
+    .expect("rows of the previous version");
+
+    let store = PostgresStore::builder(support::postgres_url())
+        .table(&name)
+        .connect()
+        .await
+        .expect("connect");
+    let upgrading = std::time::SystemTime::now();
+    store.migrate().await.expect("migrate upgrades the table");
+    rows.expect_upgraded(&store, upgrading).await;
+
+    conformance::run(|| {
+        let store = store.clone();
+        async move { store }
+    })
+    .await;
+
+    // A missing index is found and made again; then migrate has nothing to do.
+    let in_progress = match schema {
+        Some(s) => format!("\"{s}\".\"{base}_in_progress\""),
+        None => format!("\"{base}_in_progress\""),
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX {in_progress}")))
+        .execute(&admin)
+        .await
+        .expect("drop the in-progress index");
+    store.migrate().await.expect("migrate again");
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&in_progress)
+        .fetch_one(&admin)
+        .await
+        .expect("look the index up");
+    assert!(exists, "migrate makes a missing index again");
+    store.migrate().await.expect("migrate a current schema");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(store.schema_sql()))
+        .execute(&admin)
+        .await
+        .expect("schema_sql runs again on the upgraded table");
+
+    let drop = match schema {
+        Some(s) => format!("DROP SCHEMA \"{s}\" CASCADE"),
+        None => format!("DROP TABLE {quoted}"),
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&admin)
+        .await
+        .expect("drop the test table");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_upgrades_a_table_of_the_previous_schema() {
+    upgrades_in_place(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_upgrades_a_schema_qualified_table_of_the_previous_schema() {
+    upgrades_in_place(Some(&support::unique("idemkey_schema"))).await;
 }

@@ -78,6 +78,7 @@ async fn fresh_request_costs_two_round_trips_and_replay_one() {
             fingerprint: b"fp",
             token,
             lease,
+            retention: lease,
         })
         .await
         .expect("claim");
@@ -96,6 +97,7 @@ async fn fresh_request_costs_two_round_trips_and_replay_one() {
             fingerprint: b"fp",
             token: FencingToken::random(),
             lease,
+            retention: lease,
         })
         .await
         .expect("replay claim");
@@ -104,6 +106,12 @@ async fn fresh_request_costs_two_round_trips_and_replay_one() {
     let replayed = round_trips(&after_fresh, &after_replay);
     assert!(replayed <= 1, "a replay took {replayed} round trips");
     eprintln!("round trips: fresh request {fresh}, replay {replayed}");
+}
+
+/// The key of a record by the layout the store documents: prefix, then the record id
+/// in hex, hash-tagged.
+fn key_of(prefix: &str, id: &RecordId) -> String {
+    format!("{prefix}{{{}}}", id.to_hex())
 }
 
 #[tokio::test]
@@ -117,23 +125,33 @@ async fn keys_are_prefixed_hash_tagged_and_expire_by_ttl() {
         .unwrap_or_else(|e| panic!("the Redis at {url} must be reachable: {e}"));
     let mut admin = raw(&url).await;
     let id = RecordId::new("t", &support::unique("k"));
-    let key = format!("{prefix}{{{}}}", id.to_hex());
-    assert_eq!(store.key(&id), key);
+    let key = key_of(&prefix, &id);
 
     let token = FencingToken::random();
+    let (lease, kept) = (Duration::from_secs(30), Duration::from_secs(3600));
     store
         .claim(ClaimRequest {
             id: &id,
             fingerprint: b"fp",
             token,
-            lease: Duration::from_secs(30),
+            lease,
+            retention: kept,
         })
         .await
         .expect("claim");
-    let lease_ttl: i64 = admin.pttl(&key).await.expect("PTTL");
+    let ttl: i64 = admin.pttl(&key).await.expect("PTTL");
     assert!(
-        lease_ttl > 30_000,
-        "an in-progress key outlives its lease (grace), got {lease_ttl} ms"
+        ttl > 3_600_000 && ttl <= 3_630_000,
+        "an in-progress key lives for lease + retention, got {ttl} ms"
+    );
+    store
+        .renew(&id, token, Duration::from_secs(60))
+        .await
+        .expect("renew");
+    let ttl: i64 = admin.pttl(&key).await.expect("PTTL");
+    assert!(
+        ttl > 3_630_000 && ttl <= 3_660_000,
+        "a renewed key lives for the new lease + the claim's retention, got {ttl} ms"
     );
 
     let retention = Duration::from_secs(60);
@@ -151,6 +169,120 @@ async fn keys_are_prefixed_hash_tagged_and_expire_by_ttl() {
         0,
         "Redis expires keys itself"
     );
+    assert!(store.force_release(&id).await.expect("force_release"));
+    let exists: bool = admin.exists(&key).await.expect("EXISTS");
+    assert!(!exists, "force_release deletes the key");
+}
+
+/// Lists in-progress records among more keys than one `SCAN` call returns on each of
+/// `nodes` (counted by the servers), under a prefix with glob characters (escaped: a
+/// store with a prefix the glob would match stays out).
+async fn lists_in_progress_across_scan_pages(
+    nodes: &[String],
+    connect: impl AsyncFn(&str) -> RedisStore,
+) {
+    let base = support::unique("idemkey-test");
+    let prefix = format!("{base}*[x]:");
+    let store = connect(&prefix).await;
+    let lookalike = connect(&format!("{base}AAAx:")).await;
+    let lease = Duration::from_secs(60);
+    let claim = move |store: &RedisStore, id: RecordId, token| {
+        let store = store.clone();
+        async move {
+            let claim = store
+                .claim(ClaimRequest {
+                    id: &id,
+                    fingerprint: b"fp",
+                    token,
+                    lease,
+                    retention: lease,
+                })
+                .await
+                .expect("claim");
+            assert_eq!(claim, Claim::Acquired { takeover: false });
+        }
+    };
+    claim(
+        &lookalike,
+        RecordId::new("t", "lookalike"),
+        FencingToken::random(),
+    )
+    .await;
+    let mut done = tokio::task::JoinSet::new();
+    // Over a thousand keys per node: more than one SCAN page (COUNT 1000) each.
+    for i in 0..(1300 * nodes.len()) {
+        let store = store.clone();
+        done.spawn(async move {
+            let (id, token) = (
+                RecordId::new("t", &format!("done-{i}")),
+                FencingToken::random(),
+            );
+            claim(&store, id, token).await;
+            store
+                .complete(&id, token, "p".into(), lease)
+                .await
+                .expect("complete");
+        });
+    }
+    done.join_all().await;
+    let mut running = Vec::new();
+    for i in 0..3 {
+        let id = RecordId::new("t", &format!("running-{i}"));
+        claim(&store, id, FencingToken::random()).await;
+        running.push(id);
+        // Apart by more than the millisecond of the Redis clock.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut scans = Vec::new();
+    for node in nodes {
+        scans.push(command_calls(&mut raw(node).await).await);
+    }
+    let listed = store.list_in_progress(10).await.expect("list_in_progress");
+    for (node, before) in nodes.iter().zip(&scans) {
+        let after = command_calls(&mut raw(node).await).await;
+        let pages =
+            after.get("scan").copied().unwrap_or(0) - before.get("scan").copied().unwrap_or(0);
+        assert!(
+            pages >= 2,
+            "{node} answered {pages} SCAN calls: the test needs several pages"
+        );
+    }
+    let ids: Vec<RecordId> = listed.iter().map(|r| r.id).collect();
+    assert_eq!(
+        ids, running,
+        "the three running records, oldest first, nothing else"
+    );
+    let first = store.list_in_progress(2).await.expect("list_in_progress");
+    assert_eq!(first.len(), 2);
+    assert_eq!((first[0].id, first[1].id), (running[0], running[1]));
+}
+
+#[tokio::test]
+async fn list_in_progress_reads_every_scan_page() {
+    let server = support::RedisServer::start();
+    let url = server.url();
+    lists_in_progress_across_scan_pages(std::slice::from_ref(&url), async |prefix| {
+        RedisStore::builder(&url)
+            .prefix(prefix)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("the Redis at {url} must be reachable: {e}"))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_in_progress_reads_every_scan_page_of_every_cluster_node() {
+    let cluster = support::RedisCluster::start();
+    let urls = cluster.urls();
+    lists_in_progress_across_scan_pages(&urls, async |prefix| {
+        RedisStore::cluster(urls.clone())
+            .prefix(prefix)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("the private Redis Cluster must be reachable: {e}"))
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -168,6 +300,7 @@ async fn outage_is_unavailable_and_recovers() {
             fingerprint: b"fp",
             token,
             lease,
+            retention: lease,
         })
         .await
         .expect("claim before the outage");
@@ -180,6 +313,7 @@ async fn outage_is_unavailable_and_recovers() {
                 fingerprint: b"fp",
                 token,
                 lease,
+                retention: lease,
             })
             .await
             .expect_err("a claim while Redis is down must fail");
@@ -201,6 +335,7 @@ async fn outage_is_unavailable_and_recovers() {
                 fingerprint: b"fp",
                 token,
                 lease,
+                retention: lease,
             })
             .await
         {

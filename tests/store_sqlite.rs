@@ -5,6 +5,7 @@ mod support;
 use std::time::Duration;
 
 use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId, SqliteStore, Store};
+use idemkey::testing::conformance;
 
 const LONG: Duration = Duration::from_secs(3600);
 
@@ -17,6 +18,7 @@ async fn complete(store: &SqliteStore, id: &RecordId, payload: &'static str) {
             fingerprint: b"fp",
             token,
             lease: LONG,
+            retention: LONG,
         })
         .await
         .expect("claim");
@@ -34,6 +36,7 @@ async fn expect_completed(store: &SqliteStore, id: &RecordId, payload: &'static 
             fingerprint: b"other",
             token: FencingToken::random(),
             lease: LONG,
+            retention: LONG,
         })
         .await
         .expect("claim");
@@ -63,6 +66,7 @@ async fn records_survive_reopening_the_file() {
                 fingerprint: b"h",
                 token: owner,
                 lease: LONG,
+                retention: LONG,
             })
             .await
             .expect("claim");
@@ -141,6 +145,7 @@ async fn sweep_deletes_expired_rows_and_names_are_checked() {
             fingerprint: b"fp",
             token,
             lease: LONG,
+            retention: LONG,
         })
         .await
         .expect("claim");
@@ -168,4 +173,72 @@ async fn sweep_deletes_expired_rows_and_names_are_checked() {
             .expect_err("invalid table name");
         assert!(err.is_unavailable(), "{err}");
     }
+}
+
+/// Opening a file whose table has the schema before contract v2 (no `created`, no
+/// `retention`, no in-progress index) upgrades it in place: its rows stay readable and
+/// writable, and the store then passes the conformance suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opening_upgrades_a_table_of_the_previous_schema() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("old.db");
+    let rows = support::PreviousRows::new();
+    let later = i64::try_from(
+        (std::time::SystemTime::now() + LONG)
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits");
+    {
+        let old = sqlx::SqlitePool::connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true),
+        )
+        .await
+        .expect("create a file of the previous version");
+        sqlx::raw_sql(
+            "CREATE TABLE \"idemkey_records\" (
+    id          BLOB    PRIMARY KEY,
+    fingerprint BLOB    NOT NULL,
+    token       BLOB,
+    payload     BLOB,
+    taken_over  INTEGER NOT NULL DEFAULT 0,
+    expires_at  INTEGER NOT NULL
+);
+CREATE INDEX \"idemkey_records_expires_at\" ON \"idemkey_records\" (expires_at);",
+        )
+        .execute(&old)
+        .await
+        .expect("the previous schema");
+        sqlx::query(
+            "INSERT INTO idemkey_records (id, fingerprint, token, payload, expires_at) VALUES
+  ($1, x'6670', NULL, 'old payload', $4), ($2, x'6670', $3, NULL, $4)",
+        )
+        .bind(rows.done.as_bytes().to_vec())
+        .bind(rows.running.as_bytes().to_vec())
+        .bind(rows.owner.to_bytes().to_vec())
+        .bind(later)
+        .execute(&old)
+        .await
+        .expect("rows of the previous version");
+        old.close().await;
+    }
+    let upgrading = std::time::SystemTime::now();
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("open upgrades the table");
+    rows.expect_upgraded(&store, upgrading).await;
+    store.close().await;
+
+    // Opening the upgraded file again changes nothing.
+    let store = SqliteStore::open(&path).await.expect("reopen");
+    expect_completed(&store, &rows.running, "late").await;
+    conformance::run(|| {
+        let store = store.clone();
+        async move { store }
+    })
+    .await;
+    store.close().await;
 }

@@ -25,7 +25,7 @@ async fn ok(_: idemkey::server::webhook::BatchItem) -> Result<(), std::io::Error
 
 #[tokio::test(start_paused = true)]
 async fn a_long_handler_keeps_its_items_by_renewing_the_lease() {
-    let dedup = BatchDeduper::sendgrid(MemoryStore::new()).with_lease(Duration::from_secs(3));
+    let dedup = BatchDeduper::sendgrid(MemoryStore::new()).lease(Duration::from_secs(3));
     let body = batch(&["sg_long"]);
     let gate = Gate::default();
     let first = tokio::spawn({

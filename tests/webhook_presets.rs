@@ -249,26 +249,26 @@ fn retention_defaults_and_floors() {
     assert_eq!(names.len(), all.len(), "preset names are unique scopes");
     for p in &all {
         assert_eq!(
-            p.retention(),
-            DEFAULT_WEBHOOK_RETENTION.max(p.retention_floor()),
+            p.effective_retention(),
+            DEFAULT_WEBHOOK_RETENTION.max(p.min_retention()),
             "{}",
             p.name()
         );
         assert_eq!(
-            p.clone().with_retention(Duration::ZERO).retention(),
-            p.retention_floor(),
+            p.clone().retention(Duration::ZERO).effective_retention(),
+            p.min_retention(),
             "{}",
             p.name()
         );
         assert!(!p.name().contains('/'), "{}", p.name());
     }
     assert_eq!(DEFAULT_WEBHOOK_RETENTION, 7 * DAY);
-    assert_eq!(Preset::stripe().retention_floor(), 3 * DAY);
-    assert_eq!(Preset::paypal().retention_floor(), 3 * DAY);
-    assert_eq!(Preset::paddle().retention_floor(), 3 * DAY);
-    assert_eq!(Preset::github().retention_floor(), 3 * DAY);
+    assert_eq!(Preset::stripe().min_retention(), 3 * DAY);
+    assert_eq!(Preset::paypal().min_retention(), 3 * DAY);
+    assert_eq!(Preset::paddle().min_retention(), 3 * DAY);
+    assert_eq!(Preset::github().min_retention(), 3 * DAY);
     assert_eq!(
-        Preset::stripe().with_retention(30 * DAY).retention(),
+        Preset::stripe().retention(30 * DAY).effective_retention(),
         30 * DAY,
         "longer is kept"
     );
@@ -306,7 +306,7 @@ async fn a_shorter_retention_is_raised_to_the_senders_retry_window() {
     let runs = Arc::new(AtomicU64::new(0));
     // Configured for one hour; Stripe retries for three days.
     let app = app(
-        Preset::stripe().with_retention(Duration::from_secs(3600)),
+        Preset::stripe().retention(Duration::from_secs(3600)),
         runs.clone(),
     );
     let evt = r#"{"id":"evt_floor","object":"event"}"#;
@@ -449,4 +449,49 @@ async fn only_a_2xx_acknowledges_a_delivery() {
         "the 2xx is replayed"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A delivery that carries its id header twice (two `X-GitHub-Delivery` headers, say) is
+/// malformed for every preset that reads the id from a header, as a doubled
+/// `Idempotency-Key` is for the plain layer: the sender's id is ambiguous, so neither
+/// value is trusted, even two equal ones.
+#[tokio::test]
+async fn a_repeated_id_header_is_invalid_key_for_every_header_preset() {
+    let header_presets = [
+        (Preset::github(), "x-github-delivery"),
+        (Preset::standard_webhooks(), "webhook-id"),
+        (Preset::svix(), "svix-id"),
+        (Preset::shopify(), "x-shopify-webhook-id"),
+        (Preset::shopify_events(), "x-shopify-event-id"),
+        (Preset::gitlab(), "idempotency-key"),
+        (Preset::jira(), "x-atlassian-webhook-identifier"),
+        (Preset::idempotency_key(), "idempotency-key"),
+    ];
+    for (preset, name) in &header_presets {
+        for second in ["id-2", "id-1"] {
+            let h = headers(&[(name, "id-1"), (name, second)]);
+            let e = preset
+                .identify(&h, b"{}")
+                .expect_err("an id header sent twice is malformed");
+            assert_eq!(
+                (e.status(), e.problem_type()),
+                (StatusCode::BAD_REQUEST, "invalid-key"),
+                "{}",
+                preset.name()
+            );
+        }
+    }
+
+    let runs = Arc::new(AtomicU64::new(0));
+    let app = app(Preset::github(), runs.clone());
+    let twice = headers(&[
+        ("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ("x-github-hook-id", "1"),
+    ]);
+    assert_eq!(
+        deliver(&app, "{}", &twice).await,
+        (StatusCode::BAD_REQUEST, false)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
 }

@@ -361,7 +361,7 @@ async fn a_forged_duplicate_never_gets_a_replay() {
     assert!(!refused.replayed());
     assert_eq!(
         refused.problem_type(),
-        "urn:idemkey:problem:invalid-signature"
+        "urn:idemkey:problem:signature-rejected"
     );
 
     // A captured genuine delivery replayed an hour later: stale.
@@ -593,5 +593,5 @@ async fn an_oversized_signed_delivery_gets_413_naming_the_size_not_the_signature
             .is_some_and(|t| t.ends_with("body-too-large")),
         "{problem}"
     );
-    assert_eq!(problem["title"], "Delivery body too large");
+    assert_eq!(problem["title"], "Request body too large");
 }

@@ -8,6 +8,11 @@ use http::{HeaderValue, StatusCode};
 /// The media type of problem responses.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The status of `key-reused` in Stripe's API, and so in the verifier's Stripe-compatible
+/// mode: `400` rather than the default `422`. A client reads the problem `type` of a
+/// `400` to tell the two apart.
+pub const KEY_REUSED_STRIPE_STATUS: StatusCode = StatusCode::BAD_REQUEST;
+
 /// The prefix of every problem `type` this crate sends; the case name follows it
 /// (`urn:idemkey:problem:key-reused`).
 pub const TYPE_PREFIX: &str = "urn:idemkey:problem:";
@@ -36,6 +41,8 @@ macro_rules! problems {
         /// | `record-unreadable` | 500 | no (it ran before; its record cannot be read) |
         /// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
         /// | `scope-rejected` | chosen by the scope extractor (401 by default) | no |
+        /// | `invalid-scope` | 400 | no |
+        /// | `signature-rejected` | 401 | no (a webhook delivery whose signature does not verify) |
         /// | `response-failed` | 500 | yes, but its response body failed; the key was released |
         ///
         /// ```
@@ -104,6 +111,12 @@ problems! {
     ResponseNotStored = "response-not-stored", GONE, "Original response was not stored";
     /// The scope extractor refused the request (a missing credential, say).
     ScopeRejected = "scope-rejected", UNAUTHORIZED, "Request scope rejected";
+    /// The scope is malformed: its header was sent twice or empty, or its JSON field is
+    /// not a string or number.
+    InvalidScope = "invalid-scope", BAD_REQUEST, "Request scope malformed";
+    /// A webhook delivery's signature is missing, malformed, stale or wrong; checked
+    /// before the store is asked.
+    SignatureRejected = "signature-rejected", UNAUTHORIZED, "Webhook signature rejected";
     /// The handler ran, but its response body failed; the key was released.
     ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response body failed";
 }

@@ -1,12 +1,16 @@
-//! The body types the layer hands to the inner service and back to the caller.
+//! The bodies of the layer: the types it hands to the inner service and back to the
+//! caller, and how it collects them (a request body up to its limit, a response body up
+//! to the storage limit).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http::request::Parts;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 /// The error type of boxed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -188,6 +192,125 @@ where
         match &self.kind {
             ReqKind::Buffered(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             ReqKind::Passthrough(body) => body.size_hint(),
+        }
+    }
+}
+
+/// Why a request body was not collected.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// Over the limit (declared by `Content-Length`, or found while reading).
+    TooLarge,
+    /// The body failed while it was read.
+    Failed(BoxError),
+}
+
+/// Collects a request body of at most `limit` bytes; a `Content-Length` over the limit
+/// is refused before anything is read.
+pub(crate) async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, ReadError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ReadError::TooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(ReadError::TooLarge),
+        Err(e) => Err(ReadError::Failed(e)),
+    }
+}
+
+/// A response body read up to the storage limit.
+pub(crate) enum Collected<B> {
+    /// All of it.
+    Full(Bytes),
+    /// Over the limit: what was read, and the rest, unread.
+    TooLarge(Bytes, B),
+    /// The body failed.
+    Failed(BoxError),
+}
+
+/// Reads `body` up to `limit` bytes; beyond, hands back what was read and the rest.
+pub(crate) async fn read_limited<B>(mut body: B, limit: usize) -> Collected<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut buf = BytesMut::new();
+    let mut single: Option<Bytes> = None;
+    loop {
+        match body.frame().await {
+            None => {
+                return Collected::Full(match single {
+                    Some(b) if buf.is_empty() => b,
+                    _ => buf.freeze(),
+                });
+            }
+            Some(Err(e)) => return Collected::Failed(e.into()),
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                let held = single.as_ref().map_or(0, Bytes::len) + buf.len();
+                if held + data.len() > limit {
+                    if let Some(s) = single.take() {
+                        buf.extend_from_slice(&s);
+                    }
+                    buf.extend_from_slice(&data);
+                    return Collected::TooLarge(buf.freeze(), body);
+                }
+                // The common case, one data frame, is kept without copying.
+                match single.take() {
+                    None if buf.is_empty() => single = Some(data),
+                    prev => {
+                        if let Some(p) = prev {
+                            buf.extend_from_slice(&p);
+                        }
+                        buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+
+    fn frames(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = std::io::Error> + Unpin {
+        let v: Vec<_> = parts
+            .iter()
+            .map(|p| Ok(http_body::Frame::data(Bytes::from_static(p))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(v))
+    }
+
+    #[tokio::test]
+    async fn bodies_within_the_limit_are_buffered_whole() {
+        match read_limited(frames(&[b"ab", b"cd", b"e"]), 5).await {
+            Collected::Full(b) => assert_eq!(b, "abcde"),
+            _ => panic!("fits"),
+        }
+    }
+
+    #[tokio::test]
+    async fn larger_bodies_hand_back_what_was_read_and_the_rest() {
+        match read_limited(frames(&[b"ab", b"cd", b"ef", b"gh"]), 5).await {
+            Collected::TooLarge(prefix, rest) => {
+                assert_eq!(prefix, "abcdef");
+                let tail = rest.collect().await.map(|c| c.to_bytes());
+                assert_eq!(tail.ok(), Some(Bytes::from_static(b"gh")));
+            }
+            _ => panic!("too large"),
         }
     }
 }

@@ -4,14 +4,15 @@
 //!
 //! - [`IdempotencyLayer`], a `tower` layer for axum, hyper and any tower stack;
 //! - [`Engine::once`], a function-level API for queue consumers and jobs;
-//! - [`Engine::begin`], the framework-free engine for anything else.
+//! - [`Engine::claim`], the framework-free engine for anything else: it answers in its
+//!   own terms ([`Claimed`]), which the layer turns into HTTP answers.
 //!
 //! # Behaviour
 //!
 //! What the verifier answers in each situation is the wire protocol's
 //! [behaviour table](crate::protocol#behaviour): written once, there. The
 //! [`OutcomePolicy`] decides which handler responses are kept;
-//! [`EngineBuilder::stripe_compatible`] answers a reused key with 400 instead of 422;
+//! [`IdempotencyLayer::stripe_compatible`] answers a reused key with 400 instead of 422;
 //! [`EngineBuilder::fail_open`] runs the handler unguarded when the store fails. Problems
 //! are [`Problem`](crate::protocol::Problem)s, sent by a [`Rejection`].
 //!
@@ -22,6 +23,24 @@
 //! API credential or the tenant). A record's address is
 //! [`RecordId::new(scope, key)`](crate::store::RecordId::new), a SHA-256 over both, so
 //! raw keys and scopes never reach the store and two tenants using one key never meet.
+//!
+//! ## Keys and scopes in headers: one rule
+//!
+//! | header | key ([`HeaderKey`], [`KeySource::header`]) | scope ([`HeaderScope`], [`ScopeSource::header`]) |
+//! |---|---|---|
+//! | absent | no key: `400 missing-key` where one is required | no scope: the unscoped space, or the source's fallback |
+//! | sent more than once | `400 invalid-key` | `400 invalid-scope` |
+//! | empty (or only spaces and tabs) | `400 invalid-key` | `400 invalid-scope` |
+//! | not visible ASCII | `400 invalid-key` (a key is 1 to 255 visible ASCII characters, bare or RFC 8941 sf-string) | the scope, as opaque bytes: hex-encoded and marked, so it never equals a textual scope |
+//!
+//! Spaces and tabs around a value are not part of it. A sender that means "no key" or
+//! "no scope" leaves the header out: a header that is there but empty is a malformed
+//! message, and guessing what it meant could run a request unguarded. A scope has no
+//! grammar (it is an API credential, a tenant id, a shop's domain), so any bytes are one;
+//! it only reaches the store hashed together with the key.
+//!
+//! JSON fields are data rather than protocol and follow the encoders that write them: an
+//! absent field, `null` and `""` all mean "no value" (see [`KeySource`]).
 //!
 //! # Leases, renewal, retention
 //!
@@ -37,8 +56,9 @@
 //! hyper drops a request's future when the client disconnects. The layer polls the
 //! claimed handler in place and, if its future is dropped before the handler ends, moves
 //! the rest to a spawned task, so it finishes anyway, its response is recorded, and the
-//! retry receives the replay. (A handler that panics releases its key instead.) (A request dropped while its claim is in flight, before the
-//! handler started, leaves at most a claim that its lease expires.)
+//! retry receives the replay. A handler that panics releases its key instead. A request
+//! dropped while its claim is in flight, before the handler started, leaves at most a
+//! claim, which its lease expires.
 //!
 //! # Stored responses
 //!
@@ -56,24 +76,29 @@
 
 mod body;
 mod engine;
+mod execution;
 mod extract;
 mod layer;
 mod once;
 mod policy;
 pub(crate) mod record;
 mod rejection;
+mod stored_response;
 pub mod webhook;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use engine::{
-    Begin, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
-    DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder, Execution,
+    ClaimError, Claimed, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
+    DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder,
 };
-pub use extract::{ExtractKey, ExtractScope, HeaderKey, HeaderScope, Unscoped};
+pub use execution::Execution;
+pub use extract::{
+    ExtractKey, ExtractScope, HeaderKey, HeaderScope, KeySource, ScopeSource, Unscoped,
+};
 pub use layer::{
     DEFAULT_BODY_LIMIT, DEFAULT_STORED_RESPONSE_LIMIT, Idempotency, IdempotencyLayer,
     KeyRequirement, ResponseFuture,
 };
-pub use once::{Once, OnceError};
+pub use once::{OnceError, Settled};
 pub use policy::{Outcome, OutcomePolicy};
 pub use rejection::Rejection;

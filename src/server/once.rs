@@ -9,21 +9,21 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::engine::{Begin, Engine};
+use super::engine::{ClaimError, Claimed, Engine};
 use super::record::Record;
-use super::rejection::Rejection;
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
+use crate::protocol::retry_after::whole_seconds;
 
-/// The result of [`Engine::once`]: the closure's value, and whether it was replayed
-/// from the store rather than computed now.
+/// An operation settled by [`Engine::once`]: the closure's value, and whether it was
+/// replayed from the store rather than computed now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Once<T> {
+pub struct Settled<T> {
     value: T,
     replayed: bool,
 }
 
-impl<T> Once<T> {
+impl<T> Settled<T> {
     /// The value.
     pub fn value(&self) -> &T {
         &self.value
@@ -47,27 +47,33 @@ pub struct OnceError<E> {
 }
 
 enum Kind<E> {
-    Rejected(Rejection),
+    InProgress { retry_after: Duration },
+    KeyReused,
+    Unavailable(ClaimError),
     Failed(E),
     Encode(serde_json::Error),
     Decode(String),
 }
 
 impl<E> OnceError<E> {
+    fn new(kind: Kind<E>) -> Self {
+        Self { kind }
+    }
+
     /// Another run with this key is in progress: retry after [`OnceError::retry_after`]
     /// (requeue the message).
     pub fn is_in_progress(&self) -> bool {
-        matches!(&self.kind, Kind::Rejected(r) if r.is_in_progress())
+        matches!(self.kind, Kind::InProgress { .. })
     }
 
     /// The key was used with a different fingerprint: a different operation reused it.
     pub fn is_key_reused(&self) -> bool {
-        matches!(&self.kind, Kind::Rejected(r) if r.is_key_reused())
+        matches!(self.kind, Kind::KeyReused)
     }
 
     /// The store failed; nothing ran. Retry later.
     pub fn is_store_unavailable(&self) -> bool {
-        matches!(&self.kind, Kind::Rejected(r) if r.is_store_unavailable())
+        matches!(self.kind, Kind::Unavailable(_))
     }
 
     /// The closure ran and failed; the key was released, so a retry runs it again.
@@ -87,12 +93,16 @@ impl<E> OnceError<E> {
         matches!(self.kind, Kind::Decode(_))
     }
 
-    /// When to retry an `in-progress` or `store-unavailable` error.
+    /// When to retry an `in-progress` or `store-unavailable` error: the engine's advice
+    /// ([`Claimed::InProgress`], [`ClaimError::retry_after`]) in whole seconds, rounded
+    /// up, at least 1 s.
     pub fn retry_after(&self) -> Option<Duration> {
-        match &self.kind {
-            Kind::Rejected(r) => r.retry_after(),
-            _ => None,
-        }
+        let advised = match &self.kind {
+            Kind::InProgress { retry_after } => *retry_after,
+            Kind::Unavailable(e) => e.retry_after(),
+            _ => return None,
+        };
+        Some(Duration::from_secs(whole_seconds(advised)))
     }
 
     /// The closure's error, when it failed.
@@ -115,7 +125,13 @@ impl<E> OnceError<E> {
 impl<E: fmt::Display> fmt::Display for OnceError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Rejected(r) => write!(f, "{r}"),
+            Kind::InProgress { .. } => f.write_str(
+                "another run with this key is in progress; retry after the advised time to receive its value",
+            ),
+            Kind::KeyReused => f.write_str(
+                "this key was already used with a different fingerprint (another operation); use a new key for a new operation",
+            ),
+            Kind::Unavailable(e) => write!(f, "{e}"),
             Kind::Failed(e) => write!(
                 f,
                 "the operation failed (its key was released, a retry runs it again): {e}"
@@ -135,7 +151,12 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
 impl<E: fmt::Debug> fmt::Debug for OnceError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Rejected(r) => f.debug_tuple("OnceError::Rejected").field(r).finish(),
+            Kind::InProgress { retry_after } => f
+                .debug_struct("OnceError::InProgress")
+                .field("retry_after", retry_after)
+                .finish(),
+            Kind::KeyReused => f.write_str("OnceError::KeyReused"),
+            Kind::Unavailable(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
             Kind::Failed(e) => f.debug_tuple("OnceError::Failed").field(e).finish(),
             Kind::Encode(e) => f.debug_tuple("OnceError::Encode").field(e).finish(),
             Kind::Decode(e) => f.debug_tuple("OnceError::Decode").field(e).finish(),
@@ -149,10 +170,10 @@ where
 {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            Kind::Rejected(r) => Some(r),
+            Kind::Unavailable(e) => Some(e),
             Kind::Failed(e) => Some(e),
             Kind::Encode(e) => Some(e),
-            Kind::Decode(_) => None,
+            Kind::InProgress { .. } | Kind::KeyReused | Kind::Decode(_) => None,
         }
     }
 }
@@ -194,76 +215,71 @@ impl Engine {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         f: F,
-    ) -> Result<Once<T>, OnceError<E>>
+    ) -> Result<Settled<T>, OnceError<E>>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let rejected = |r| OnceError {
-            kind: Kind::Rejected(r),
-        };
-        match self
-            .begin(scope, key, fingerprint)
+        let claimed = self
+            .claim(scope, key, fingerprint)
             .await
-            .map_err(rejected)?
-        {
-            Begin::Replay(payload) => decode(payload).map(|value| Once {
-                value,
-                replayed: true,
-            }),
-            Begin::Unguarded => match f().await {
-                Ok(value) => Ok(Once {
+            .map_err(|e| OnceError::new(Kind::Unavailable(e)))?;
+        let mut exec = match claimed {
+            Claimed::Execute(exec) => exec,
+            Claimed::Replay(payload) => {
+                return decode(payload).map(|value| Settled {
                     value,
-                    replayed: false,
-                }),
-                Err(e) => Err(OnceError {
-                    kind: Kind::Failed(e),
-                }),
-            },
-            Begin::Execute(mut exec) => {
-                let result = exec.run(f()).await;
-                let value = match result {
-                    Ok(v) => v,
-                    Err(e) => {
-                        if let Err(se) = exec.release().await {
-                            tracing::warn!(error = %se, "could not release the key of a failed operation");
-                        }
-                        return Err(OnceError {
-                            kind: Kind::Failed(e),
-                        });
-                    }
-                };
-                let json = match serde_json::to_vec(&value) {
-                    Ok(j) => j,
-                    Err(e) => {
-                        if let Err(se) = exec.release().await {
-                            tracing::warn!(error = %se, "could not release the key");
-                        }
-                        return Err(OnceError {
-                            kind: Kind::Encode(e),
-                        });
-                    }
-                };
-                if let Err(e) = exec
-                    .complete(Record::Value(Bytes::from(json)).encode())
-                    .await
-                {
-                    tracing::warn!(error = %e, "the operation ran but its result was not recorded");
-                }
-                Ok(Once {
-                    value,
-                    replayed: false,
-                })
+                    replayed: true,
+                });
             }
+            Claimed::InProgress { retry_after } => {
+                return Err(OnceError::new(Kind::InProgress { retry_after }));
+            }
+            Claimed::KeyReused => return Err(OnceError::new(Kind::KeyReused)),
+            Claimed::Unguarded => {
+                return match f().await {
+                    Ok(value) => Ok(Settled {
+                        value,
+                        replayed: false,
+                    }),
+                    Err(e) => Err(OnceError::new(Kind::Failed(e))),
+                };
+            }
+        };
+        let value = match exec.run(f()).await {
+            Ok(v) => v,
+            Err(e) => {
+                if let Err(se) = exec.release().await {
+                    tracing::warn!(error = %se, "could not release the key of a failed operation");
+                }
+                return Err(OnceError::new(Kind::Failed(e)));
+            }
+        };
+        let json = match serde_json::to_vec(&value) {
+            Ok(j) => j,
+            Err(e) => {
+                if let Err(se) = exec.release().await {
+                    tracing::warn!(error = %se, "could not release the key");
+                }
+                return Err(OnceError::new(Kind::Encode(e)));
+            }
+        };
+        if let Err(e) = exec
+            .complete(Record::Value(Bytes::from(json)).encode())
+            .await
+        {
+            tracing::warn!(error = %e, "the operation ran but its result was not recorded");
         }
+        Ok(Settled {
+            value,
+            replayed: false,
+        })
     }
 }
 
 fn decode<T: DeserializeOwned, E>(payload: Bytes) -> Result<T, OnceError<E>> {
-    let err = |m: String| OnceError {
-        kind: Kind::Decode(m),
-    };
+    let err = |m: String| OnceError::new(Kind::Decode(m));
     match Record::decode(payload).map_err(err)? {
         Record::Value(json) => serde_json::from_slice(&json).map_err(|e| err(e.to_string())),
         _ => Err(err("the record holds an HTTP response".into())),

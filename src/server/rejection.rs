@@ -151,6 +151,21 @@ impl Rejection {
         Self::new(Problem::ScopeRejected, status, detail)
     }
 
+    /// 400 `invalid-scope`: the scope is there but malformed (its header sent twice or
+    /// empty, its JSON field an object).
+    #[must_use]
+    pub fn invalid_scope(why: impl fmt::Display) -> Self {
+        Self::of(Problem::InvalidScope, why.to_string())
+    }
+
+    /// 401 `signature-rejected`: a webhook delivery's signature does not verify
+    /// (missing, malformed, stale, or made with another secret). A
+    /// [`SignatureError`](super::webhook::SignatureError) converts into it.
+    #[must_use]
+    pub fn signature_rejected(why: impl fmt::Display) -> Self {
+        Self::of(Problem::SignatureRejected, why.to_string())
+    }
+
     /// 500 `response-failed`: the handler ran but its response body failed while it
     /// was read; the key was released so that a retry executes again.
     #[must_use]

@@ -2,32 +2,32 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::time::Instant;
 
-use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+use super::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
+    clamp_forever,
+};
 
-/// The shortest time between two automatic sweeps, in milliseconds of store time.
-const SWEEP_INTERVAL_MS: u64 = 5_000;
-
-/// `now + d`, saturating far in the future: `Instant + Duration` panics on overflow, and
-/// a caller may well ask for `Duration::MAX` ("keep forever").
-fn deadline(now: Instant, d: Duration) -> Instant {
-    now.checked_add(d)
-        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60))
-}
+/// The shortest time between two automatic sweeps, in microseconds of store time.
+const SWEEP_INTERVAL_US: u64 = 5_000_000;
 
 /// An in-memory store: fast, shared by every clone, and lost when the process exits.
 ///
 /// Concurrent without a global lock (a sharded map: claims on different records do not
 /// contend). Expired records are swept by [`Store::sweep`], and automatically at most
 /// every 5 s while claims arrive, off the request path (on tokio's blocking pool) so no
-/// request pays for a scan of the whole map. Time is read from [`tokio::time::Instant`], so tests can drive
-/// leases and retention with `tokio::time::pause`.
+/// request pays for a scan of the whole map. An abandoned claim is kept for its
+/// retention past its lease (contract rule 4) by both. Time is read from
+/// [`tokio::time::Instant`], so tests can drive leases and retention with
+/// `tokio::time::pause`.
+///
+/// [`Store::list_in_progress`] scans the whole map (one shard locked at a time).
 ///
 /// Use it for a single process, and in tests; use Redis or PostgreSQL when several
 /// instances must agree, SQLite when records must survive a restart.
@@ -39,9 +39,10 @@ fn deadline(now: Instant, d: Duration) -> Instant {
 /// let store = MemoryStore::new();
 /// let id = RecordId::new("tenant", "key-1");
 /// let token = FencingToken::random();
-/// let claim = store.claim(ClaimRequest { id: &id, fingerprint: b"fp", token, lease: Duration::from_secs(5) }).await?;
+/// let (lease, retention) = (Duration::from_secs(5), Duration::from_secs(3600));
+/// let claim = store.claim(ClaimRequest { id: &id, fingerprint: b"fp", token, lease, retention }).await?;
 /// assert_eq!(claim, Claim::Acquired { takeover: false });
-/// store.complete(&id, token, "stored".into(), Duration::from_secs(3600)).await?;
+/// store.complete(&id, token, "stored".into(), retention).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Default)]
@@ -51,30 +52,75 @@ pub struct MemoryStore {
 
 struct Inner {
     records: DashMap<RecordId, Record>,
-    /// Store time (ms since `epoch`) after which the next claim starts a sweep.
-    next_sweep_ms: AtomicU64,
+    /// Store time after which the next claim starts a sweep.
+    next_sweep_us: AtomicU64,
+    /// Store time zero: every time a record keeps is microseconds since this instant.
     epoch: Instant,
+    /// The wall-clock time at `epoch`, for [`RecordInfo`]'s times (one fixed pair, so
+    /// a record shows the same times at every look).
+    epoch_wall: SystemTime,
 }
 
 impl Default for Inner {
     fn default() -> Self {
         Self {
             records: DashMap::new(),
-            next_sweep_ms: AtomicU64::new(SWEEP_INTERVAL_MS),
+            next_sweep_us: AtomicU64::new(SWEEP_INTERVAL_US),
             epoch: Instant::now(),
+            epoch_wall: SystemTime::now(),
         }
     }
 }
 
+/// Times are microseconds of store time (since [`Inner::epoch`]): 8 bytes each where an
+/// `Instant` takes 16, which pays for `created` (issue 19 counts bytes per record).
 struct Record {
     fingerprint: Bytes,
-    expires: Instant,
+    /// When the current claim was made.
+    created: u64,
+    /// End of the lease (in progress) or of the retention (completed).
+    expires: u64,
     state: State,
 }
 
 enum State {
-    InProgress(FencingToken),
+    /// The token as two words rather than a `u128`: 8-byte alignment lets the variant
+    /// share the space of `Completed`'s `Bytes`, so `State` stays 32 bytes.
+    InProgress {
+        token: [u64; 2],
+        /// How long the record is kept past `expires` (the claim's retention).
+        retention: u64,
+    },
     Completed(Bytes),
+}
+
+fn token_words(t: FencingToken) -> [u64; 2] {
+    let v = t.as_u128();
+    // Truncation intended: the high and the low 64 bits.
+    #[allow(clippy::cast_possible_truncation)]
+    [(v >> 64) as u64, v as u64]
+}
+
+/// A duration in whole microseconds, "forever" held to 100 years.
+fn micros(d: Duration) -> u64 {
+    // 100 years in microseconds is far below u64::MAX.
+    u64::try_from(clamp_forever(d).as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Record {
+    /// The end of the time the record is kept: its retention once completed, its lease
+    /// plus the claim's retention while in progress (an abandoned claim, rule 4).
+    fn kept_until(&self) -> u64 {
+        match self.state {
+            State::InProgress { retention, .. } => self.expires.saturating_add(retention),
+            State::Completed(_) => self.expires,
+        }
+    }
+
+    fn held_by(&self, token: [u64; 2], now: u64) -> bool {
+        matches!(self.state, State::InProgress { token: t, .. } if t == token)
+            && self.kept_until() > now
+    }
 }
 
 impl MemoryStore {
@@ -96,18 +142,28 @@ impl MemoryStore {
         self.inner.records.is_empty()
     }
 
+    /// Store time now, in microseconds since the store was made.
+    fn now(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.inner.epoch);
+        u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+    }
+
     fn sweep_now(&self) -> u64 {
-        let now = Instant::now();
+        let now = self.now();
         let before = self.inner.records.len();
-        self.inner.records.retain(|_, r| r.expires > now);
+        self.inner.records.retain(|_, r| r.kept_until() > now);
         before.saturating_sub(self.inner.records.len()) as u64
     }
 
-    fn claim_at(&self, req: &ClaimRequest<'_>, now: Instant) -> Claim {
+    fn claim_at(&self, req: &ClaimRequest<'_>, now: u64) -> Claim {
         let fresh = || Record {
             fingerprint: Bytes::copy_from_slice(req.fingerprint),
-            expires: deadline(now, req.lease),
-            state: State::InProgress(req.token),
+            created: now,
+            expires: now.saturating_add(micros(req.lease)),
+            state: State::InProgress {
+                token: token_words(req.token),
+                retention: micros(req.retention),
+            },
         };
         match self.inner.records.entry(*req.id) {
             Entry::Vacant(v) => {
@@ -117,14 +173,14 @@ impl MemoryStore {
             Entry::Occupied(mut o) => {
                 let r = o.get();
                 if r.expires <= now {
-                    let takeover = matches!(r.state, State::InProgress(_));
+                    let takeover = matches!(r.state, State::InProgress { .. });
                     o.insert(fresh());
                     return Claim::Acquired { takeover };
                 }
                 match &r.state {
-                    State::InProgress(_) => Claim::InProgress {
+                    State::InProgress { .. } => Claim::InProgress {
                         fingerprint: r.fingerprint.clone(),
-                        lease_remaining: r.expires - now,
+                        lease_remaining: Duration::from_micros(r.expires - now),
                     },
                     State::Completed(payload) => Claim::Completed {
                         fingerprint: r.fingerprint.clone(),
@@ -138,17 +194,15 @@ impl MemoryStore {
     /// Starts a background sweep when the interval has passed. A scan of the whole map
     /// on a request's path made that request slow, and a count-based trigger made the
     /// amortised cost grow with the number of live records.
-    fn sweep_if_due(&self, now: Instant) {
-        let ms = u64::try_from(now.saturating_duration_since(self.inner.epoch).as_millis())
-            .unwrap_or(u64::MAX);
-        let due = self.inner.next_sweep_ms.load(Ordering::Relaxed);
-        if ms < due
+    fn sweep_if_due(&self, now: u64) {
+        let due = self.inner.next_sweep_us.load(Ordering::Relaxed);
+        if now < due
             || self
                 .inner
-                .next_sweep_ms
+                .next_sweep_us
                 .compare_exchange(
                     due,
-                    ms.saturating_add(SWEEP_INTERVAL_MS),
+                    now.saturating_add(SWEEP_INTERVAL_US),
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 )
@@ -167,31 +221,53 @@ impl MemoryStore {
         }
     }
 
-    /// Applies `f` to the record held by `token`, or fails fenced.
+    /// Applies `f` to the record held by `token` (its lease expired or not, rule 3), or
+    /// fails fenced.
     fn with_owned(
         &self,
         id: &RecordId,
         token: FencingToken,
-        f: impl FnOnce(Entry<'_, RecordId, Record>),
+        f: impl FnOnce(Entry<'_, RecordId, Record>, u64),
     ) -> Result<(), StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         match self.inner.records.entry(*id) {
-            Entry::Occupied(e)
-                if e.get().expires > now
-                    && matches!(e.get().state, State::InProgress(t) if t == token) =>
-            {
-                f(Entry::Occupied(e));
+            Entry::Occupied(e) if e.get().held_by(token_words(token), now) => {
+                f(Entry::Occupied(e), now);
                 Ok(())
             }
             _ => Err(StoreError::fenced()),
         }
+    }
+
+    /// What [`Store::inspect`] shows of `r`, or `None` once it is past its keeping.
+    fn info(&self, id: RecordId, r: &Record, now: u64) -> Option<RecordInfo> {
+        if r.kept_until() <= now {
+            return None;
+        }
+        // At most 200 years after the epoch: no `SystemTime` overflow on any platform.
+        let wall = |t: u64| {
+            let wall = self.inner.epoch_wall;
+            wall.checked_add(Duration::from_micros(t)).unwrap_or(wall)
+        };
+        let (state, payload_len) = match &r.state {
+            State::InProgress { .. } => (RecordState::InProgress, None),
+            State::Completed(p) => (RecordState::Completed, Some(p.len() as u64)),
+        };
+        Some(RecordInfo {
+            id,
+            state,
+            fingerprint: r.fingerprint.clone(),
+            created: wall(r.created),
+            expires: wall(r.expires),
+            payload_len,
+        })
     }
 }
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let claim = self.claim_at(&req, now);
         // After the claim, so a claim never races the sweep it starts.
         self.sweep_if_due(now);
@@ -205,11 +281,11 @@ impl Store for MemoryStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        self.with_owned(id, token, |e| {
+        self.with_owned(id, token, |e, now| {
             if let Entry::Occupied(mut e) = e {
                 let r = e.get_mut();
                 r.state = State::Completed(payload);
-                r.expires = deadline(Instant::now(), retention);
+                r.expires = now.saturating_add(micros(retention));
             }
         })
     }
@@ -220,15 +296,15 @@ impl Store for MemoryStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        self.with_owned(id, token, |e| {
+        self.with_owned(id, token, |e, now| {
             if let Entry::Occupied(mut e) = e {
-                e.get_mut().expires = deadline(Instant::now(), lease);
+                e.get_mut().expires = now.saturating_add(micros(lease));
             }
         })
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        self.with_owned(id, token, |e| {
+        self.with_owned(id, token, |e, _| {
             if let Entry::Occupied(e) = e {
                 e.remove();
             }
@@ -237,6 +313,41 @@ impl Store for MemoryStore {
 
     async fn sweep(&self) -> Result<u64, StoreError> {
         Ok(self.sweep_now())
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .records
+            .get(id)
+            .and_then(|r| self.info(*id, &r, now)))
+    }
+
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .records
+            .remove(id)
+            .is_some_and(|(_, r)| r.kept_until() > now))
+    }
+
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let now = self.now();
+        let mut found: Vec<(u64, RecordInfo)> = self
+            .inner
+            .records
+            .iter()
+            .filter(|r| matches!(r.state, State::InProgress { .. }))
+            .filter_map(|r| Some((r.created, self.info(*r.key(), &r, now)?)))
+            .collect();
+        found.sort_unstable_by_key(|(created, info)| (*created, info.id));
+        Ok(found
+            .into_iter()
+            .take(limit)
+            .map(|(_, info)| info)
+            .collect())
     }
 }
 
@@ -263,6 +374,7 @@ mod tests {
                 fingerprint: b"fp",
                 token,
                 lease: Duration::MAX,
+                retention: Duration::MAX,
             })
             .await
             .expect("claim");
@@ -290,17 +402,19 @@ mod sweep_tests {
                 fingerprint: b"fp",
                 token: FencingToken::random(),
                 lease: Duration::from_secs(1),
+                retention: Duration::ZERO,
             };
             store.claim(claim).await.expect("claim");
         }
         assert_eq!(store.len(), 100);
-        tokio::time::advance(Duration::from_millis(SWEEP_INTERVAL_MS)).await;
+        tokio::time::advance(Duration::from_micros(SWEEP_INTERVAL_US)).await;
         let id = RecordId::new("", "trigger");
         let claim = ClaimRequest {
             id: &id,
             fingerprint: b"fp",
             token: FencingToken::random(),
             lease: Duration::from_secs(60),
+            retention: Duration::ZERO,
         };
         store.claim(claim).await.expect("claim");
         // Bounded: the sweep runs on the blocking pool.
@@ -312,5 +426,77 @@ mod sweep_tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(store.len(), 1, "only the live record is left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_automatic_sweep_keeps_an_abandoned_claim_for_its_retention() {
+        let store = MemoryStore::new();
+        let id = RecordId::new("", "abandoned");
+        let owner = FencingToken::random();
+        let claim = ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: owner,
+            lease: Duration::from_secs(1),
+            retention: Duration::from_secs(60),
+        };
+        store.claim(claim).await.expect("claim");
+        let trigger = |key: &'static str| {
+            let store = store.clone();
+            async move {
+                let id = RecordId::new("", key);
+                let claim = ClaimRequest {
+                    id: &id,
+                    fingerprint: b"fp",
+                    token: FencingToken::random(),
+                    lease: Duration::from_secs(3600),
+                    retention: Duration::from_secs(3600),
+                };
+                store.claim(claim).await.expect("claim");
+                // Bounded: the sweep runs on the blocking pool; let it finish.
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        };
+        tokio::time::advance(Duration::from_micros(SWEEP_INTERVAL_US)).await;
+        trigger("t1").await;
+        assert!(
+            store.inspect(&id).await.expect("inspect").is_some(),
+            "an abandoned claim is kept past its lease"
+        );
+        assert_eq!(
+            store.sweep().await.expect("sweep"),
+            0,
+            "nothing is past its keeping"
+        );
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(
+            store.sweep().await.expect("sweep"),
+            1,
+            "lease + retention have passed"
+        );
+        let err = store
+            .complete(
+                &id,
+                owner,
+                Bytes::from_static(b"late"),
+                Duration::from_secs(60),
+            )
+            .await
+            .expect_err("a swept claim is fenced");
+        assert!(err.is_fenced(), "{err}");
+    }
+
+    #[test]
+    fn a_record_is_no_larger_than_before_contract_v2() {
+        // Issue 19 counts bytes per record: `created` and the abandoned-claim retention
+        // were paid for by 8-byte store times instead of 16-byte `Instant`s.
+        assert!(std::mem::size_of::<State>() <= 32, "State grew");
+        assert!(
+            std::mem::size_of::<(RecordId, Record)>() <= 112,
+            "a map entry grew"
+        );
     }
 }

@@ -12,14 +12,31 @@
 //!    on an absent (or expired) record, exactly one returns [`Claim::Acquired`]. A claim
 //!    that finds a live record returns it in the same call ([`Claim::InProgress`] or
 //!    [`Claim::Completed`]).
-//! 2. An in-progress record whose lease has expired counts as absent: the next claim
-//!    takes it over with its own token, whatever the fingerprint. Lease decisions use
-//!    the store's clock where the store has one.
+//! 2. For a claim, an in-progress record whose lease has expired counts as absent: the
+//!    next claim takes it over with its own token, whatever the fingerprint
+//!    (`takeover: true`). Lease decisions use the store's clock where the store has one.
 //! 3. [`Store::complete`], [`Store::renew`] and [`Store::release`] are compare-and-set on
-//!    the token: with any other token (a stale owner, a released or taken-over claim)
-//!    they change nothing and fail with [`StoreError::is_fenced`].
-//! 4. A completed record is returned by every claim until its retention ends, then it
+//!    the token. They succeed with the token that holds the record, **even when its
+//!    lease has expired**, as long as no other claim has taken the record over: fencing
+//!    stops a stale owner from overwriting a *new* owner, not from recording the only
+//!    outcome there is (a renew then extends the lease again). With any other token (a
+//!    taken-over, released or force-released claim, a completed record, or a record
+//!    removed after lease + retention) they change nothing and fail with
+//!    [`StoreError::is_fenced`].
+//! 4. An abandoned claim (lease expired, nobody took it over) is kept for
+//!    [`ClaimRequest::retention`] past the end of its lease, so that its owner can still
+//!    complete it; then it is removed (by TTL or by [`Store::sweep`]). Stores that
+//!    expire by TTL give an in-progress record a TTL of lease + retention.
+//! 5. A completed record is returned by every claim until its retention ends, then it
 //!    counts as absent and is removed (by TTL or by [`Store::sweep`]).
+//! 6. [`Store::inspect`] shows what the store holds for an id (an abandoned claim
+//!    included, until rule 4 removes it); [`Store::force_release`] removes a record
+//!    whatever its state or token, fencing its owner; [`Store::list_in_progress`] lists
+//!    in-progress records, oldest claim first. They are tools for operators (stuck keys),
+//!    not for the request path.
+//!
+//! "Forever" ([`Duration::MAX`] as a lease or retention) is held to 100 years by every
+//! store, so that no clock arithmetic overflows.
 //!
 //! Stores: [`MemoryStore`] (embedded, the default); `SqliteStore` (feature `sqlite`,
 //! embedded and durable); `RedisStore` (feature `redis`, shared); `PostgresStore`
@@ -38,7 +55,7 @@ mod sqlite;
 mod sweeper;
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
@@ -51,6 +68,15 @@ pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use sweeper::spawn_sweeper;
+
+/// The longest lease, retention or period any store keeps: 100 years, as good as never.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// `d`, held to 100 years: what every store does with "forever" ([`Duration::MAX`]), so
+/// that `now + d` neither overflows nor leaves the range of the store's clock.
+pub(crate) fn clamp_forever(d: Duration) -> Duration {
+    d.min(FOREVER)
+}
 
 /// The address of a record: SHA-256 over the length-prefixed scope and key.
 ///
@@ -178,6 +204,57 @@ pub struct ClaimRequest<'a> {
     pub token: FencingToken,
     /// How long the claim holds the record unless renewed.
     pub lease: Duration,
+    /// How long a completed record will be kept, and also how long an abandoned claim
+    /// (lease expired, nobody took it over) is kept past its lease, so that its owner can
+    /// still complete it (contract rule 4). Stores that expire by TTL give the
+    /// in-progress record a TTL of `lease + retention`.
+    pub retention: Duration,
+}
+
+/// One record as a store holds it, for operators: [`Store::inspect`],
+/// [`Store::list_in_progress`] (stuck keys).
+///
+/// Its fields are public so that third-party stores can build it.
+///
+/// ```
+/// use idemkey::store::{MemoryStore, Store, ClaimRequest, FencingToken, RecordId, RecordState};
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idemkey::store::StoreError> {
+/// let store = MemoryStore::new();
+/// let id = RecordId::new("tenant", "key-1");
+/// let lease = Duration::from_secs(5);
+/// let claim = ClaimRequest { id: &id, fingerprint: b"fp", token: FencingToken::random(), lease, retention: lease };
+/// store.claim(claim).await?;
+/// let info = store.inspect(&id).await?.expect("just claimed");
+/// assert_eq!((info.state, info.payload_len), (RecordState::InProgress, None));
+/// assert_eq!(info.expires.duration_since(info.created).ok(), Some(lease));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordInfo {
+    /// The record's address.
+    pub id: RecordId,
+    /// In progress or completed.
+    pub state: RecordState,
+    /// The fingerprint the current claim (or the completed request) was made with.
+    pub fingerprint: Bytes,
+    /// When the current claim was made, by the store's clock, as wall-clock time.
+    pub created: SystemTime,
+    /// End of the lease (in progress; in the past for an abandoned claim, a stuck key)
+    /// or of the retention (completed).
+    pub expires: SystemTime,
+    /// Size of the stored payload in bytes (completed records), `None` in progress.
+    pub payload_len: Option<u64>,
+}
+
+/// The state of a record, in [`RecordInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// A claim holds the record (or held it: its lease may have expired).
+    InProgress,
+    /// The record holds a payload, kept until its retention ends.
+    Completed,
 }
 
 /// The result of [`Store::claim`].
@@ -217,7 +294,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Completes a record held by `token`: stores `payload`, kept for `retention`.
     ///
-    /// Fails with [`StoreError::is_fenced`] when `token` no longer holds the record.
+    /// Succeeds even when the lease of `token` has expired, as long as no other claim
+    /// took the record over (contract rule 3). Fails with [`StoreError::is_fenced`] when
+    /// `token` no longer holds the record.
     async fn complete(
         &self,
         id: &RecordId,
@@ -228,6 +307,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Extends the lease held by `token` to `lease` from now (by the store's clock).
     ///
+    /// An expired lease that nobody took over is extended again (contract rule 3).
     /// Fails with [`StoreError::is_fenced`] when `token` no longer holds the record.
     async fn renew(
         &self,
@@ -238,7 +318,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes an in-progress record held by `token`, so the next claim executes anew.
     ///
-    /// Fails with [`StoreError::is_fenced`] when `token` no longer holds the record.
+    /// Works after the lease of `token` expired too, as long as no other claim took the
+    /// record over (contract rule 3). Fails with [`StoreError::is_fenced`] when `token`
+    /// no longer holds the record.
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError>;
 
     /// Removes expired records; returns how many. Stores that expire records themselves
@@ -246,6 +328,41 @@ pub trait Store: Send + Sync + 'static {
     /// SQLite); the memory store also sweeps by itself.
     async fn sweep(&self) -> Result<u64, StoreError> {
         Ok(0)
+    }
+
+    /// What the store holds for `id`: `None` when nothing (or only a completed record
+    /// past its retention, or an abandoned claim past lease + retention). An in-progress
+    /// record whose lease expired is still shown (state
+    /// [`InProgress`](RecordState::InProgress), `expires` in the past): that is a stuck
+    /// key.
+    ///
+    /// The default implementation fails with [`StoreError::is_unsupported`]; every
+    /// store of this crate implements it.
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let _ = id;
+        Err(StoreError::unsupported("inspect"))
+    }
+
+    /// Removes the record whatever its state or token. Returns `true` when a record was
+    /// removed (one that [`Store::inspect`] would have shown). An owner that was running
+    /// is fenced afterwards: its complete, renew and release fail
+    /// [`StoreError::is_fenced`], and the next claim executes anew.
+    ///
+    /// The default implementation fails with [`StoreError::is_unsupported`]; every
+    /// store of this crate implements it.
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let _ = id;
+        Err(StoreError::unsupported("force_release"))
+    }
+
+    /// Up to `limit` in-progress records (live, or abandoned with an expired lease),
+    /// oldest claim first.
+    ///
+    /// The default implementation fails with [`StoreError::is_unsupported`]; every
+    /// store of this crate implements it (each store's docs say what it costs).
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let _ = limit;
+        Err(StoreError::unsupported("list_in_progress"))
     }
 }
 
@@ -277,11 +394,21 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn sweep(&self) -> Result<u64, StoreError> {
         (**self).sweep().await
     }
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        (**self).inspect(id).await
+    }
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        (**self).force_release(id).await
+    }
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        (**self).list_in_progress(limit).await
+    }
 }
 
 /// A store operation that failed.
 ///
-/// Query the kind with [`StoreError::is_fenced`] and [`StoreError::is_unavailable`].
+/// Query the kind with [`StoreError::is_fenced`], [`StoreError::is_unavailable`],
+/// [`StoreError::is_corrupt`] and [`StoreError::is_unsupported`].
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct StoreError {
@@ -295,16 +422,18 @@ enum StoreErrorKind {
     Fenced,
     Unavailable(String),
     Corrupt(String),
+    Unsupported(&'static str),
 }
 
 impl fmt::Display for StoreErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Fenced => f.write_str(
-                "the fencing token no longer holds this record (its lease expired and another request took it over, or it was released); nothing was written",
+                "the fencing token no longer holds this record (another request took it over after its lease expired, or it was released, force-released or completed, or it expired); nothing was written",
             ),
             Self::Unavailable(m) => write!(f, "the idempotency store is unreachable or failing: {m}; retry later"),
             Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
+            Self::Unsupported(op) => write!(f, "this idempotency store does not implement `{op}`: use one of idemkey's stores (they all do), or look the record up with the backing database's own tools"),
         }
     }
 }
@@ -340,6 +469,22 @@ impl StoreError {
         }
     }
 
+    /// The store does not implement `op` (the default of an optional [`Store`] method,
+    /// such as [`Store::inspect`]).
+    ///
+    /// ```
+    /// let e = idemkey::store::StoreError::unsupported("inspect");
+    /// assert!(e.is_unsupported());
+    /// assert!(e.to_string().contains("`inspect`"));
+    /// ```
+    #[must_use]
+    pub fn unsupported(op: &'static str) -> Self {
+        Self {
+            kind: StoreErrorKind::Unsupported(op),
+            source: None,
+        }
+    }
+
     /// `true` when a complete, renew or release was refused because the token no longer
     /// holds the record.
     #[must_use]
@@ -357,5 +502,12 @@ impl StoreError {
     #[must_use]
     pub fn is_corrupt(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Corrupt(_))
+    }
+
+    /// `true` when the store does not implement the operation
+    /// ([`StoreError::unsupported`]).
+    #[must_use]
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unsupported(_))
     }
 }

@@ -1,21 +1,7 @@
 //! The shared durable store on PostgreSQL (feature `postgres`).
 //!
-//! # Schema
-//!
-//! One table (default `idemkey_records`), created by [`PostgresStore::migrate`] or by your
-//! own migrations from [`PostgresStore::schema_sql`]:
-//!
-//! ```sql
-//! CREATE TABLE IF NOT EXISTS idemkey_records (
-//!     id          bytea       PRIMARY KEY,          -- RecordId: SHA-256 of scope and key
-//!     fingerprint bytea       NOT NULL,
-//!     token       bytea,                            -- the owner's token while in progress
-//!     payload     bytea,                            -- set once completed
-//!     taken_over  boolean     NOT NULL DEFAULT false,
-//!     expires_at  timestamptz NOT NULL              -- lease end, or retention end
-//! );
-//! CREATE INDEX IF NOT EXISTS idemkey_records_expires_at ON idemkey_records (expires_at);
-//! ```
+//! The schema and what it costs are documented on [`PostgresStore`]; here, how the
+//! statements work.
 //!
 //! # Statements
 //!
@@ -34,12 +20,10 @@
 //!    the race (the new row is invisible to the snapshot) and need a second statement.
 //!
 //! Complete, renew and release are `UPDATE`/`DELETE ... WHERE id = $1 AND token = $2
-//! AND payload IS NULL AND expires_at > now()`: a stale token matches no row. Every
-//! time decision uses the database's `now()`, so all instances agree on one clock.
-//!
-//! A fresh request costs 2 statements (claim, complete), a replay 1. Expired rows stay
-//! until [`Store::sweep`] deletes them (they count as absent meanwhile): schedule it,
-//! e.g. every few minutes.
+//! AND payload IS NULL AND <kept>`, where `<kept>` is "lease end + retention is still
+//! ahead": a taken-over token matches no row, while an owner whose lease expired and
+//! whom nobody took over still writes (contract rule 3). Every time decision uses the
+//! database's `now()`, so all instances agree on one clock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,11 +32,13 @@ use bytes::Bytes;
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use super::sql::{TableName, claim_sets, decode_claim, sql, unavailable};
-use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
-
-/// The default table name.
-const DEFAULT_TABLE: &str = "idemkey_records";
+use super::sql::{
+    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
+    unavailable,
+};
+use super::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
+};
 
 /// A store shared by every instance of an application through one PostgreSQL database.
 ///
@@ -70,6 +56,49 @@ const DEFAULT_TABLE: &str = "idemkey_records";
 /// store.migrate().await?; // CREATE TABLE IF NOT EXISTS ...
 /// # Ok(()) }
 /// ```
+///
+/// # Schema
+///
+/// One table (default `idemkey_records`), created by [`PostgresStore::migrate`] or by your
+/// own migrations from [`PostgresStore::schema_sql`]:
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS idemkey_records (
+///     id          bytea       PRIMARY KEY,        -- RecordId: SHA-256 of scope and key
+///     fingerprint bytea       NOT NULL,
+///     token       bytea,                          -- the owner's token while in progress
+///     payload     bytea,                          -- set once completed
+///     taken_over  boolean     NOT NULL DEFAULT false,
+///     expires_at  timestamptz NOT NULL,           -- lease end, or retention end
+///     created     timestamptz NOT NULL DEFAULT now(), -- the current claim's time
+///     retention   bigint      NOT NULL DEFAULT 0  -- µs an abandoned claim is kept
+///                                                 -- past its lease
+/// );
+/// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
+///     created timestamptz NOT NULL DEFAULT now();
+/// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
+///     retention bigint NOT NULL DEFAULT 0;
+/// CREATE INDEX IF NOT EXISTS idemkey_records_expires_at ON idemkey_records (expires_at);
+/// CREATE INDEX IF NOT EXISTS idemkey_records_in_progress ON idemkey_records (created)
+///     WHERE payload IS NULL;
+/// ```
+///
+/// The `ALTER TABLE`s upgrade a table of the previous schema (without `created` and
+/// `retention`) in place: its rows show the time of the upgrade as `created`, and its
+/// abandoned claims are not kept past their lease. On a large table, create the
+/// `_in_progress` index yourself first (`CREATE INDEX CONCURRENTLY`, same name) so that
+/// building it does not block writes; the upgrade then skips it. [`PostgresStore::migrate`]
+/// runs nothing once the schema is current, so starting an instance takes no lock on the
+/// table.
+///
+/// # Costs
+///
+/// A fresh request costs 2 statements (claim, complete), a replay 1, and every time
+/// decision uses the database's `now()`, so all instances agree on one clock. Expired
+/// rows stay until [`Store::sweep`] deletes them (they count as absent meanwhile;
+/// abandoned claims are kept for their retention past their lease): schedule it, e.g.
+/// every few minutes with [`spawn_sweeper`](crate::store::spawn_sweeper).
+/// [`Store::list_in_progress`] reads the `_in_progress` index, oldest claim first.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
@@ -83,22 +112,36 @@ struct Statements {
     renew: Arc<str>,
     release: Arc<str>,
     sweep: Arc<str>,
+    inspect: Arc<str>,
+    force_release: Arc<str>,
+    list_in_progress: Arc<str>,
+    schema_is_current: Arc<str>,
 }
 
 impl Statements {
     fn new(t: &str) -> Self {
         let sets = claim_sets("r.expires_at <= now()", "r.");
         let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
-        let held = "id = $1 AND token = $2 AND payload IS NULL AND expires_at > now()";
+        // The end of the time a row is kept: retention end once completed, lease end
+        // plus the claim's retention while in progress (an abandoned claim, rule 4).
+        let kept_until = "CASE WHEN payload IS NULL \
+            THEN expires_at + retention * interval '1 microsecond' ELSE expires_at END";
+        let held = "id = $1 AND token = $2 AND payload IS NULL \
+            AND expires_at + retention * interval '1 microsecond' > now()";
+        let info = "id, payload IS NULL AS in_progress, fingerprint,
+  octet_length(payload)::bigint AS payload_len,
+  (extract(epoch FROM created) * 1000000)::bigint AS created,
+  (extract(epoch FROM expires_at) * 1000000)::bigint AS expires";
         Self {
             claim: format!(
                 "WITH live AS (
   SELECT false AS won, taken_over, fingerprint, payload, {remaining}
   FROM {t} WHERE id = $1::bytea AND expires_at > now()
 ), claimed AS (
-  INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at)
+  INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at, created,
+    retention)
   SELECT $1::bytea, $2::bytea, $3::bytea, NULL, false,
-    now() + $4::bigint * interval '1 microsecond'
+    now() + $4::bigint * interval '1 microsecond', now(), $5::bigint
   WHERE NOT EXISTS (SELECT 1 FROM live)
   ON CONFLICT (id) DO UPDATE SET
     {sets}
@@ -118,7 +161,29 @@ SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
             release: format!("DELETE FROM {t} WHERE {held}").into(),
-            sweep: format!("DELETE FROM {t} WHERE expires_at <= now()").into(),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at <= now() AND (payload IS NOT NULL
+  OR expires_at + retention * interval '1 microsecond' <= now())"
+            )
+            .into(),
+            inspect: format!("SELECT {info} FROM {t} WHERE id = $1 AND {kept_until} > now()")
+                .into(),
+            force_release: format!(
+                "DELETE FROM {t} WHERE id = $1 RETURNING {kept_until} > now() AS shown"
+            )
+            .into(),
+            list_in_progress: format!(
+                "SELECT {info} FROM {t} WHERE payload IS NULL
+  AND expires_at + retention * interval '1 microsecond' > now()
+ORDER BY created LIMIT $1"
+            )
+            .into(),
+            schema_is_current: "SELECT to_regclass($1) IS NOT NULL
+  AND (SELECT count(*) FROM pg_attribute
+       WHERE attrelid = to_regclass($1) AND attname = ANY($2) AND NOT attisdropped)
+      = cardinality($2)
+  AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL"
+                .into(),
         }
     }
 }
@@ -209,11 +274,17 @@ impl PostgresStore {
         Self::builder(url).connect().await
     }
 
-    /// The schema this store needs, as SQL (`CREATE ... IF NOT EXISTS`, so it can be
-    /// run again), for applications that run their own migrations.
+    /// The schema this store needs, as SQL, for applications that run their own
+    /// migrations: `CREATE ... IF NOT EXISTS` and `ADD COLUMN IF NOT EXISTS`, so it can
+    /// be run again, and it upgrades a table of the previous schema in place (see
+    /// [`PostgresStore`]).
     #[must_use]
     pub fn schema_sql(&self) -> String {
-        let (t, index) = (self.table.quoted(), self.table.index_name("expires_at"));
+        let t = self.table.quoted();
+        let (expiry, in_progress) = (
+            self.table.index_name("expires_at"),
+            self.table.index_name("in_progress"),
+        );
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
     id          bytea       PRIMARY KEY,
@@ -221,14 +292,22 @@ impl PostgresStore {
     token       bytea,
     payload     bytea,
     taken_over  boolean     NOT NULL DEFAULT false,
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    created     timestamptz NOT NULL DEFAULT now(),
+    retention   bigint      NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS created timestamptz NOT NULL DEFAULT now();
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS retention bigint NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS {expiry} ON {t} (expires_at);
+CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;"
         )
     }
 
-    /// Creates the table and its index if they do not exist. Safe to call from every
-    /// instance at start-up: concurrent calls are serialised by an advisory lock.
+    /// Creates the table and its indexes if they do not exist, and upgrades a table of
+    /// the previous schema in place ([`PostgresStore::schema_sql`]). Safe to call from
+    /// every instance at start-up: it reads the catalog first and runs no DDL (takes no
+    /// lock on the table) once the schema is current, and concurrent upgrades are
+    /// serialised by an advisory lock.
     ///
     /// # Errors
     ///
@@ -236,6 +315,17 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
     /// DDL (for example for lack of privileges).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let err = |e| unavailable("PostgreSQL: creating the schema", e);
+        let current: bool = sqlx::query_scalar(sql(&self.sql.schema_is_current))
+            .bind(self.table.quoted())
+            .bind(ADDED_COLUMNS.as_slice())
+            .bind(self.table.qualified_index_name("expires_at"))
+            .bind(self.table.qualified_index_name("in_progress"))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+        if current {
+            return Ok(());
+        }
         let mut tx = self.pool.begin().await.map_err(err)?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .bind(format!("idemkey schema {}", self.table.quoted()))
@@ -248,33 +338,12 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
             .map_err(err)?;
         tx.commit().await.map_err(err)
     }
-
-    /// The connection pool, for health checks and administration.
-    #[must_use]
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    async fn fenced(
-        &self,
-        what: &str,
-        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> Result<(), StoreError> {
-        let done = query
-            .execute(&self.pool)
-            .await
-            .map_err(|e| unavailable(&format!("PostgreSQL: {what}"), e))?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::fenced())
-        }
-    }
 }
 
-/// A duration in whole microseconds, saturating.
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 2)
+/// A duration in whole microseconds, "forever" held to 100 years.
+fn micros(d: Duration) -> i64 {
+    // 100 years in microseconds is far below i64::MAX.
+    i64::try_from(clamp_forever(d).as_micros()).unwrap_or(i64::MAX)
 }
 
 #[async_trait::async_trait]
@@ -285,6 +354,7 @@ impl Store for PostgresStore {
             .bind(req.fingerprint)
             .bind(req.token.to_bytes().as_slice())
             .bind(micros(req.lease))
+            .bind(micros(req.retention))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| unavailable("PostgreSQL: claiming a record", e))?;
@@ -303,7 +373,8 @@ impl Store for PostgresStore {
             .bind(token.to_bytes().as_slice())
             .bind(payload.as_ref())
             .bind(micros(retention));
-        self.fenced("completing a record", q).await
+        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
+        fenced("PostgreSQL: completing a record", done)
     }
 
     async fn renew(
@@ -316,14 +387,16 @@ impl Store for PostgresStore {
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice())
             .bind(micros(lease));
-        self.fenced("renewing a lease", q).await
+        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
+        fenced("PostgreSQL: renewing a lease", done)
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         let q = sqlx::query(sql(&self.sql.release))
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice());
-        self.fenced("releasing a record", q).await
+        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
+        fenced("PostgreSQL: releasing a record", done)
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
@@ -332,6 +405,36 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| unavailable("PostgreSQL: sweeping expired records", e))?;
         Ok(done.rows_affected())
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let row = sqlx::query(sql(&self.sql.inspect))
+            .bind(id.as_bytes().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: inspecting a record", e))?;
+        row.map(|r| decode_info(&r, Duration::from_micros))
+            .transpose()
+    }
+
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let shown: Option<bool> = sqlx::query_scalar(sql(&self.sql.force_release))
+            .bind(id.as_bytes().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: force-releasing a record", e))?;
+        Ok(shown.unwrap_or(false))
+    }
+
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let rows = sqlx::query(sql(&self.sql.list_in_progress))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: listing records in progress", e))?;
+        rows.iter()
+            .map(|r| decode_info(r, Duration::from_micros))
+            .collect()
     }
 }
 

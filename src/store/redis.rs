@@ -1,12 +1,7 @@
 //! The shared store on Redis (feature `redis`).
 //!
-//! # Layout
-//!
-//! One hash per record at `<prefix>{<record id hex>}`: the braces are a Redis Cluster
-//! hash tag, and every script touches exactly one key, so the store works unchanged on
-//! a cluster. Fields: `s` (state: `p` in progress, `c` completed), `f` (fingerprint),
-//! `t` (the owner's token, while in progress), `e` (lease or retention end, in
-//! milliseconds of the Redis clock), `p` (payload, once completed).
+//! The key layout and what each operation costs are documented on [`RedisStore`]; here,
+//! how the scripts work.
 //!
 //! # Transitions
 //!
@@ -18,36 +13,45 @@
 //! `redis.replicate_commands()`.
 //!
 //! Expiry is by TTL: a completed record expires with its retention; an in-progress
-//! record outlives its lease by a grace period, so that the claim that takes it over
-//! can report `takeover: true`.
+//! record at the end of its lease plus the claim's retention, so that an owner whose
+//! lease expired and whom nobody took over can still complete (contract rules 3 and 4),
+//! and so that the claim that takes it over can report `takeover: true`. A key that
+//! exists is therefore a record the store still keeps, and complete, renew and release
+//! need only compare the token. Inspect reads the record without `TIME` for the same
+//! reason; force-release is one `DEL`.
 
-use std::time::Duration;
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
 
-use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+use super::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
+    clamp_forever,
+};
 
-/// How long an in-progress record is kept after its lease ended (so a takeover is told
-/// apart from a fresh claim), in milliseconds.
-const IN_PROGRESS_GRACE_MS: u64 = 10 * 60 * 1000;
-
-/// Shared by every script: `now` in milliseconds of the Redis clock, and the check that
-/// `ARGV[1]` (a token) holds the live in-progress record at `KEYS[1]`.
+/// Shared by every writing script: `now` in milliseconds of the Redis clock, and
+/// `held()`: the claim's retention in milliseconds when `ARGV[1]` (a token) holds the
+/// in-progress record at `KEYS[1]`, `nil` otherwise. The key's TTL (lease end +
+/// retention) removes a record once it is no longer kept, so no time is compared.
 const PRELUDE: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function held()
-  local r = redis.call('HMGET', KEYS[1], 's', 't', 'e')
-  return r[1] == 'p' and r[2] == ARGV[1] and tonumber(r[3]) > now
+  local r = redis.call('HMGET', KEYS[1], 's', 't', 'r')
+  if r[1] == 'p' and r[2] == ARGV[1] then return tonumber(r[3]) or 0 end
+  return nil
 end
 ";
 
-/// `ARGV`: fingerprint, token, lease ms, grace ms.
+/// `ARGV`: fingerprint, token, lease ms, retention ms.
 /// Returns `{1, takeover}`, `{2, fingerprint, remaining ms}` or `{3, fingerprint, payload}`.
 const CLAIM: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 'e', 'f', 'p')
@@ -62,7 +66,7 @@ if r[1] then
   redis.call('DEL', KEYS[1])
 end
 local e = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 't', ARGV[2], 'e', e)
+redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 't', ARGV[2], 'e', e, 'c', now, 'r', ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], e + tonumber(ARGV[4]))
 return {1, takeover}
 ";
@@ -72,17 +76,18 @@ const COMPLETE: &str = r"
 if not held() then return 0 end
 local e = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 's', 'c', 'p', ARGV[2], 'e', e)
-redis.call('HDEL', KEYS[1], 't')
+redis.call('HDEL', KEYS[1], 't', 'r')
 redis.call('PEXPIREAT', KEYS[1], e)
 return 1
 ";
 
-/// `ARGV`: token, lease ms, grace ms. Returns 1, or 0 when fenced.
+/// `ARGV`: token, lease ms. Returns 1, or 0 when fenced.
 const RENEW: &str = r"
-if not held() then return 0 end
+local retention = held()
+if not retention then return 0 end
 local e = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'e', e)
-redis.call('PEXPIREAT', KEYS[1], e + tonumber(ARGV[3]))
+redis.call('PEXPIREAT', KEYS[1], e + retention)
 return 1
 ";
 
@@ -93,6 +98,19 @@ redis.call('DEL', KEYS[1])
 return 1
 ";
 
+/// Reads a record (no `TIME`: a key that exists is kept). Returns nil, or
+/// `{state, fingerprint, created ms, expires ms, payload length}`.
+const INSPECT: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 'c', 'e')
+if not r[1] then return nil end
+return {r[1], r[2], tonumber(r[3]) or 0, tonumber(r[4]) or 0, redis.call('HSTRLEN', KEYS[1], 'p')}
+";
+
+/// How many keys one `SCAN` call asks a server to look at.
+const SCAN_COUNT: usize = 1000;
+/// How many records [`Store::list_in_progress`] reads at once.
+const READS_IN_FLIGHT: usize = 64;
+
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "idemkey:";
 
@@ -101,10 +119,9 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 ///
 /// Cheap to clone (clones share one multiplexed connection, re-established after a
 /// failure). [`RedisStore::cluster`] connects to a Redis Cluster instead: every script
-/// touches one hash-tagged key, so it runs on the node that owns the record. Connection failures and timeouts are [`StoreError::is_unavailable`], so the
-/// verifier answers 503 while Redis is down and resumes by itself when it is back.
-///
-/// Costs: a fresh request takes 2 round trips (claim, complete), a replay 1.
+/// touches one hash-tagged key, so it runs on the node that owns the record. Connection
+/// failures and timeouts are [`StoreError::is_unavailable`], so the verifier answers 503
+/// while Redis is down and resumes by itself when it is back.
 ///
 /// ```no_run
 /// use idemkey::store::RedisStore;
@@ -115,6 +132,29 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 ///     .await?;
 /// # Ok(()) }
 /// ```
+///
+/// # Layout
+///
+/// One hash per record at `<prefix>{<record id hex>}` ([`RecordId::to_hex`]): the braces
+/// are a Redis Cluster hash tag, and every script touches exactly one key, so the store
+/// works unchanged on a cluster. Fields: `s` (state: `p` in progress, `c` completed),
+/// `f` (fingerprint), `t` (the owner's token, while in progress), `e` (lease or
+/// retention end, in milliseconds of the Redis clock), `c` (when the current claim was
+/// made, same clock), `r` (the claim's retention in milliseconds, while in progress),
+/// `p` (payload, once completed).
+///
+/// Expiry is by TTL: a completed record expires with its retention, an in-progress one
+/// at the end of its lease plus the claim's retention (an abandoned claim is kept that
+/// long so that its owner can still complete it). Records written by a version without
+/// `c` show the Unix epoch as `created`.
+///
+/// # Costs
+///
+/// A fresh request takes 2 round trips (claim, complete), a replay 1;
+/// [`Store::inspect`] and [`Store::force_release`] 1. [`Store::list_in_progress`] `SCAN`s
+/// the keys under the prefix (on every primary of a cluster) and reads each record
+/// (pipelined): it costs a read per record the store holds, a tool for operators, not
+/// for the request path.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
@@ -162,6 +202,7 @@ struct Scripts {
     complete: Script,
     renew: Script,
     release: Script,
+    inspect: Script,
 }
 
 impl Scripts {
@@ -172,11 +213,18 @@ impl Scripts {
             complete: with_prelude(COMPLETE),
             renew: with_prelude(RENEW),
             release: with_prelude(RELEASE),
+            inspect: Script::new(INSPECT),
         }
     }
 
-    fn all(&self) -> [&Script; 4] {
-        [&self.claim, &self.complete, &self.renew, &self.release]
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.claim,
+            &self.complete,
+            &self.renew,
+            &self.release,
+            &self.inspect,
+        ]
     }
 }
 
@@ -337,10 +385,106 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// The Redis key of a record: prefix, then the id hash-tagged for Redis Cluster.
-    #[must_use]
-    pub fn key(&self, id: &RecordId) -> String {
+    /// The Redis key of a record: prefix, then the id hash-tagged for Redis Cluster
+    /// (the layout of the [module docs](self)).
+    fn key(&self, id: &RecordId) -> String {
         format!("{}{{{}}}", self.prefix, id.to_hex())
+    }
+
+    /// The `SCAN` pattern of every record key: the prefix with glob characters escaped.
+    fn pattern(&self) -> String {
+        let mut p = String::with_capacity(self.prefix.len() + 3);
+        for c in self.prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                p.push('\\');
+            }
+            p.push(c);
+        }
+        p.push_str("{*}");
+        p
+    }
+
+    /// Every key under the prefix (each once), by `SCAN` on the server or on every
+    /// primary of the cluster.
+    async fn scan_keys(&self) -> Result<HashSet<String>, StoreError> {
+        let err = |e| unavailable("listing records (SCAN)", e);
+        let bad = |e: ::redis::ParsingError| {
+            StoreError::corrupt(format!("Redis Cluster answered SCAN unexpectedly: {e}"))
+        };
+        let scan = |cursor: u64| {
+            let mut cmd = ::redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(self.pattern())
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            cmd
+        };
+        let mut keys = HashSet::new();
+        match &self.conn {
+            Conn::Single(c) => {
+                let mut conn = c.clone();
+                let mut cursor = 0;
+                loop {
+                    let (next, page): (u64, Vec<String>) =
+                        scan(cursor).query_async(&mut conn).await.map_err(err)?;
+                    keys.extend(page);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Conn::Cluster(c) => {
+                let mut conn = c.clone();
+                // The first page of every primary at once; then each primary on its own.
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let first = conn.route_command(scan(0), all).await.map_err(err)?;
+                let Value::Map(nodes) = first else {
+                    return Err(StoreError::corrupt(
+                        "Redis Cluster answered SCAN with an unexpected reply",
+                    ));
+                };
+                for (node, page) in nodes {
+                    let node: String = ::redis::from_redis_value(node).map_err(bad)?;
+                    let Some((host, port)) = node
+                        .rsplit_once(':')
+                        .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                    else {
+                        return Err(StoreError::corrupt(format!(
+                            "Redis Cluster named a node {node:?}, not host:port"
+                        )));
+                    };
+                    let (mut cursor, first): (u64, Vec<String>) =
+                        ::redis::from_redis_value(page).map_err(bad)?;
+                    keys.extend(first);
+                    while cursor != 0 {
+                        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let page = conn.route_command(scan(cursor), at).await.map_err(err)?;
+                        let (next, page): (u64, Vec<String>) =
+                            ::redis::from_redis_value(page).map_err(bad)?;
+                        keys.extend(page);
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The record at `key` (of record `id`), or `None` when the key does not exist.
+    async fn read(&self, key: String, id: RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let reply: Value = self
+            .scripts
+            .inspect
+            .key(key)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| unavailable("inspecting a record", e))?;
+        decode_info(reply, id)
     }
 
     async fn fenced_write(
@@ -370,17 +514,54 @@ fn unavailable(what: &str, e: RedisError) -> StoreError {
     StoreError::unavailable(format!("Redis: {what} failed ({e})"), e)
 }
 
-/// The longest lease or retention, in milliseconds: 100 years ("forever"). Lua
-/// numbers are doubles, and the scripts' times must stay exact integers that Redis
-/// parses back (a `Duration::MAX` would come out as `4.6e+18`).
-const MAX_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
-
+/// A lease or retention in milliseconds, "forever" held to 100 years: Lua numbers are
+/// doubles, and the scripts' times (now + lease + retention) must stay exact integers
+/// that Redis parses back (a `Duration::MAX` would come out as `4.6e+18`).
 fn millis(d: Duration) -> Vec<u8> {
-    u64::try_from(d.as_millis())
-        .unwrap_or(MAX_MS)
-        .min(MAX_MS)
-        .to_string()
-        .into_bytes()
+    clamp_forever(d).as_millis().to_string().into_bytes()
+}
+
+/// Reads the reply of the inspect script for record `id`.
+fn decode_info(v: Value, id: RecordId) -> Result<Option<RecordInfo>, StoreError> {
+    let bad = || StoreError::corrupt("Redis inspect script returned an unexpected reply");
+    let items = match v {
+        Value::Nil => return Ok(None),
+        Value::Array(items) => items,
+        _ => return Err(bad()),
+    };
+    let int = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+        _ => Err(bad()),
+    };
+    let time = |ms: u64| {
+        SystemTime::UNIX_EPOCH
+            .checked_add(Duration::from_millis(ms))
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    };
+    let (state, payload_len) = match items.first() {
+        Some(Value::BulkString(s)) if s == b"p" => (RecordState::InProgress, None),
+        Some(Value::BulkString(s)) if s == b"c" => {
+            (RecordState::Completed, Some(int(items.get(4))?))
+        }
+        _ => return Err(bad()),
+    };
+    Ok(Some(RecordInfo {
+        id,
+        state,
+        fingerprint: field(items.get(1)).ok_or_else(bad)?,
+        created: time(int(items.get(2))?),
+        expires: time(int(items.get(3))?),
+        payload_len,
+    }))
+}
+
+/// A field's bytes; a field stored as an empty string may come back as nil through Lua.
+fn field(v: Option<&Value>) -> Option<Bytes> {
+    match v {
+        Some(Value::BulkString(b)) => Some(Bytes::copy_from_slice(b)),
+        Some(Value::Nil) => Some(Bytes::new()),
+        _ => None,
+    }
 }
 
 fn decode_claim(v: Value) -> Result<Claim, StoreError> {
@@ -388,12 +569,7 @@ fn decode_claim(v: Value) -> Result<Claim, StoreError> {
     let Value::Array(items) = v else {
         return Err(bad());
     };
-    let bytes = |v: Option<&Value>| match v {
-        Some(Value::BulkString(b)) => Ok(Bytes::copy_from_slice(b)),
-        // A field stored as an empty string may come back as nil through Lua.
-        Some(Value::Nil) => Ok(Bytes::new()),
-        _ => Err(bad()),
-    };
+    let bytes = |v: Option<&Value>| field(v).ok_or_else(bad);
     match items.first() {
         Some(Value::Int(1)) => Ok(Claim::Acquired {
             takeover: matches!(items.get(1), Some(Value::Int(1))),
@@ -425,7 +601,7 @@ impl Store for RedisStore {
             .arg(req.fingerprint)
             .arg(req.token.to_hex())
             .arg(millis(req.lease))
-            .arg(IN_PROGRESS_GRACE_MS)
+            .arg(millis(req.retention))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| unavailable("claiming a record", e))?;
@@ -452,8 +628,7 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let token = token.to_hex();
-        let grace = IN_PROGRESS_GRACE_MS.to_string();
-        let args: [&[u8]; 3] = [token.as_bytes(), &millis(lease), grace.as_bytes()];
+        let args: [&[u8]; 2] = [token.as_bytes(), &millis(lease)];
         self.fenced_write("renewing a lease", &self.scripts.renew, id, &args)
             .await
     }
@@ -467,6 +642,43 @@ impl Store for RedisStore {
             &[token.as_bytes()],
         )
         .await
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.read(self.key(id), *id).await
+    }
+
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let removed: i64 = ::redis::cmd("DEL")
+            .arg(self.key(id))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| unavailable("force-releasing a record", e))?;
+        Ok(removed > 0)
+    }
+
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let prefix = self.prefix.len();
+        let records = self.scan_keys().await?.into_iter().filter_map(|key| {
+            // `<prefix>{<64 hex digits>}`: anything else under the prefix is not ours.
+            let hex = key.get(prefix + 1..key.len().checked_sub(1)?)?;
+            let mut id = [0_u8; 32];
+            hex::decode_to_slice(hex, &mut id).ok()?;
+            Some((key, RecordId::from_bytes(id)))
+        });
+        let read: Vec<Option<RecordInfo>> = futures_util::stream::iter(records)
+            .map(|(key, id)| self.read(key, id))
+            .buffer_unordered(READS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        let mut found: Vec<RecordInfo> = read
+            .into_iter()
+            .flatten()
+            .filter(|i| i.state == RecordState::InProgress)
+            .collect();
+        found.sort_unstable_by_key(|i| (i.created, i.id));
+        found.truncate(limit);
+        Ok(found)
     }
 }
 

@@ -1,12 +1,21 @@
-//! What the SQL stores (PostgreSQL, SQLite) share: table names and conversions.
+//! What the SQL stores (PostgreSQL, SQLite) share: the default table, table names,
+//! the claim's `SET` list, decoding rows, and the outcome of a fenced write.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::{Claim, StoreError};
+use super::{Claim, RecordId, RecordInfo, RecordState, StoreError};
+
+/// The table of the SQL stores unless configured otherwise.
+pub(crate) const DEFAULT_TABLE: &str = "idemkey_records";
+
+/// The columns the previous schema lacked, added in place by the stores' schema
+/// upgrade: the claim's time and the claim's retention (how long an abandoned claim is
+/// kept past its lease).
+pub(crate) const ADDED_COLUMNS: [&str; 2] = ["created", "retention"];
 
 /// A validated table name, optionally schema-qualified, kept quoted for SQL.
 #[derive(Debug, Clone)]
@@ -43,14 +52,31 @@ impl TableName {
         })
     }
 
+    /// The unqualified name, unquoted (for `pragma_table_info`).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn unquoted(&self) -> &str {
+        &self.base
+    }
+
     /// The name as it goes into SQL: `"table"` or `"schema"."table"`.
     pub(crate) fn quoted(&self) -> &str {
         &self.quoted
     }
 
-    /// `"<table>_<suffix>"`, unqualified.
+    /// `"<table>_<suffix>"`, unqualified (an index lives in its table's schema).
     pub(crate) fn index_name(&self, suffix: &str) -> String {
         format!("\"{}_{suffix}\"", self.base)
+    }
+
+    /// `"<table>_<suffix>"` in the table's schema, `"schema"."<table>_<suffix>"` when the
+    /// table is schema-qualified: the index's name for a catalog look-up.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn qualified_index_name(&self, suffix: &str) -> String {
+        let index = self.index_name(suffix);
+        match self.quoted.rsplit_once('.') {
+            Some((schema, _)) => format!("{schema}.{index}"),
+            None => index,
+        }
     }
 }
 
@@ -65,6 +91,8 @@ pub(crate) fn claim_sets(expired: &str, old: &str) -> String {
         ("token", "excluded.token".to_owned()),
         ("payload", "NULL".to_owned()),
         ("expires_at", "excluded.expires_at".to_owned()),
+        ("created", "excluded.created".to_owned()),
+        ("retention", "excluded.retention".to_owned()),
     ]
     .iter()
     .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {old}{col} END"))
@@ -112,6 +140,55 @@ where
     )
 }
 
+/// Reads a row of `inspect` or `list_in_progress`: columns `id`, `in_progress`,
+/// `fingerprint`, `payload_len` (NULL in progress), `created` and `expires` (integers
+/// since the Unix epoch, in the unit of `since_epoch`).
+pub(crate) fn decode_info<'r, R>(
+    row: &'r R,
+    since_epoch: impl Fn(u64) -> Duration,
+) -> Result<RecordInfo, StoreError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    bool: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let corrupt = |e: sqlx::Error| StoreError::corrupt(format!("a record's row: {e}"));
+    let id: Vec<u8> = row.try_get("id").map_err(corrupt)?;
+    let id = <[u8; 32]>::try_from(id.as_slice())
+        .map_err(|_| StoreError::corrupt(format!("a record id of {} bytes", id.len())))?;
+    let in_progress: bool = row.try_get("in_progress").map_err(corrupt)?;
+    let payload_len: Option<i64> = row.try_get("payload_len").map_err(corrupt)?;
+    let time = |n: i64| {
+        SystemTime::UNIX_EPOCH
+            .checked_add(since_epoch(u64::try_from(n).unwrap_or(0)))
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    };
+    Ok(RecordInfo {
+        id: RecordId::from_bytes(id),
+        state: if in_progress {
+            RecordState::InProgress
+        } else {
+            RecordState::Completed
+        },
+        fingerprint: Bytes::from(row.try_get::<Vec<u8>, _>("fingerprint").map_err(corrupt)?),
+        created: time(row.try_get("created").map_err(corrupt)?),
+        expires: time(row.try_get("expires").map_err(corrupt)?),
+        payload_len: payload_len.map(|n| u64::try_from(n).unwrap_or(0)),
+    })
+}
+
+/// The outcome of a fenced write (complete, renew, release: one statement whose
+/// `WHERE` holds only while the token holds the record): one row written, or fenced.
+pub(crate) fn fenced(what: &str, rows: Result<u64, sqlx::Error>) -> Result<(), StoreError> {
+    match rows {
+        Ok(1) => Ok(()),
+        Ok(_) => Err(StoreError::fenced()),
+        Err(e) => Err(unavailable(what, e)),
+    }
+}
+
 /// A prepared statement's text, built once from a validated [`TableName`].
 pub(crate) fn sql(s: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(s))
@@ -131,6 +208,15 @@ mod tests {
         let t = TableName::parse("billing.idem_1").expect("valid");
         assert_eq!(t.quoted(), "\"billing\".\"idem_1\"");
         assert_eq!(t.index_name("expires_at"), "\"idem_1_expires_at\"");
+        #[cfg(feature = "postgres")]
+        {
+            assert_eq!(
+                t.qualified_index_name("in_progress"),
+                "\"billing\".\"idem_1_in_progress\""
+            );
+            let t = TableName::parse("idem").expect("valid");
+            assert_eq!(t.qualified_index_name("x"), "\"idem_x\"");
+        }
         for bad in [
             "",
             "a.b.c",

@@ -2,7 +2,10 @@
 //!
 //! One file, opened in WAL mode with `synchronous = FULL`: a completed record is on
 //! disk before [`Store::complete`] returns, and survives a crash of the process (or of
-//! the machine) and a restart. The schema is created when the store opens.
+//! the machine) and a restart. The schema is created when the store opens, and a table
+//! of the previous schema (without the `created` and `retention` columns) is upgraded
+//! in place: its rows show the time of the upgrade as `created`, and its abandoned
+//! claims are not kept past their lease.
 //!
 //! The statements are those of the PostgreSQL store, with the time passed in: SQLite
 //! has no clock of its own, so leases and retention are measured in milliseconds of this
@@ -17,6 +20,12 @@
 //! for the file lock. A fresh request costs 3 statements (read, claim, complete; 2
 //! writes), a replay 1 read.
 //!
+//! Complete, renew and release hold while the token matches and lease end + retention
+//! is still ahead, so an owner whose lease expired and whom nobody took over still
+//! writes (contract rule 3). Expired rows stay until [`Store::sweep`] deletes them
+//! (abandoned claims are kept for their retention past their lease).
+//! [`Store::list_in_progress`] reads a partial index of the in-progress rows by `created`.
+//!
 //! Use it for a single node whose records must survive restarts; use PostgreSQL or
 //! Redis when several instances share records.
 
@@ -25,19 +34,34 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use sqlx::AssertSqlSafe;
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, Connection};
 
-use super::sql::{TableName, claim_sets, decode_claim, sql, unavailable};
-use super::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
-
-/// The default table name.
-const DEFAULT_TABLE: &str = "idemkey_records";
+use super::sql::{
+    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
+    unavailable,
+};
+use super::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
+};
 
 /// A durable store in one SQLite file, for a single node.
 ///
-/// Cheap to clone (clones share the connections).
+/// Cheap to clone (clones share the connections). A completed record is on disk
+/// (WAL, `synchronous = FULL`) before [`Store::complete`] returns and survives a crash
+/// and a restart. Leases and retention are measured by this machine's wall clock.
+///
+/// Opening creates the table `idemkey_records` (or [`SqliteStoreBuilder::table`]) and
+/// its indexes if missing, and upgrades a table of the previous schema (without the
+/// `created` and `retention` columns) in place: its rows show the time of the upgrade as
+/// `created`, and its abandoned claims are not kept past their lease.
+///
+/// A fresh request costs 3 statements (read, claim, complete; 2 writes), a replay 1
+/// read. Expired rows stay until [`Store::sweep`] deletes them (abandoned claims are kept
+/// for their retention past their lease): schedule it with
+/// [`spawn_sweeper`](crate::store::spawn_sweeper). [`Store::list_in_progress`] reads an
+/// index of the in-progress rows by claim time.
 ///
 /// ```
 /// use idemkey::store::SqliteStore;
@@ -66,13 +90,22 @@ struct Statements {
     renew: Arc<str>,
     release: Arc<str>,
     sweep: Arc<str>,
+    inspect: Arc<str>,
+    force_release: Arc<str>,
+    list_in_progress: Arc<str>,
 }
 
 impl Statements {
     /// `$1` is always the time now, in milliseconds since the Unix epoch.
     fn new(t: &str) -> Self {
         let sets = claim_sets("expires_at <= $1", "");
-        let held = "id = $2 AND token = $3 AND payload IS NULL AND expires_at > $1";
+        // The end of the time a row is kept: retention end once completed, lease end
+        // plus the claim's retention while in progress (an abandoned claim, rule 4).
+        let kept_until =
+            "CASE WHEN payload IS NULL THEN expires_at + retention ELSE expires_at END";
+        let held = "id = $2 AND token = $3 AND payload IS NULL AND expires_at + retention > $1";
+        let info = "id, payload IS NULL AS in_progress, fingerprint,
+  length(payload) AS payload_len, created, expires_at AS expires";
         Self {
             live: format!(
                 "SELECT 0 AS won, taken_over, fingerprint, payload, expires_at - $1 AS remaining
@@ -80,8 +113,9 @@ FROM {t} WHERE id = $2 AND expires_at > $1"
             )
             .into(),
             claim: format!(
-                "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at)
-VALUES ($2, $3, $4, NULL, 0, $1 + $5)
+                "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at, created,
+  retention)
+VALUES ($2, $3, $4, NULL, 0, $1 + $5, $1, $6)
 ON CONFLICT (id) DO UPDATE SET
   {sets}
 RETURNING coalesce(token = $4, 0) AS won, taken_over, fingerprint, payload,
@@ -94,7 +128,21 @@ RETURNING coalesce(token = $4, 0) AS won, taken_over, fingerprint, payload,
             .into(),
             renew: format!("UPDATE {t} SET expires_at = $1 + $4 WHERE {held}").into(),
             release: format!("DELETE FROM {t} WHERE {held}").into(),
-            sweep: format!("DELETE FROM {t} WHERE expires_at <= $1").into(),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at <= $1
+  AND (payload IS NOT NULL OR expires_at + retention <= $1)"
+            )
+            .into(),
+            inspect: format!("SELECT {info} FROM {t} WHERE id = $2 AND {kept_until} > $1").into(),
+            force_release: format!(
+                "DELETE FROM {t} WHERE id = $2 RETURNING {kept_until} > $1 AS shown"
+            )
+            .into(),
+            list_in_progress: format!(
+                "SELECT {info} FROM {t} WHERE payload IS NULL AND expires_at + retention > $1
+ORDER BY created LIMIT $2"
+            )
+            .into(),
         }
     }
 }
@@ -160,28 +208,13 @@ impl SqliteStoreBuilder {
         };
         let opening = |e| unavailable(&format!("SQLite: opening {}", self.path.display()), e);
         let writer = pool(1).await.map_err(opening)?;
-        let (t, index) = (table.quoted(), table.index_name("expires_at"));
-        let schema = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-    id          BLOB    PRIMARY KEY,
-    fingerprint BLOB    NOT NULL,
-    token       BLOB,
-    payload     BLOB,
-    taken_over  INTEGER NOT NULL DEFAULT 0,
-    expires_at  INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at);"
-        );
-        sqlx::raw_sql(AssertSqlSafe(schema))
-            .execute(&writer)
-            .await
-            .map_err(|e| unavailable("SQLite: creating the schema", e))?;
+        migrate(&writer, &table).await?;
         let readers = pool(self.max_connections.max(1)).await.map_err(opening)?;
         Ok(SqliteStore {
             writer,
             readers,
             path: self.path,
-            sql: Arc::new(Statements::new(t)),
+            sql: Arc::new(Statements::new(table.quoted())),
         })
     }
 }
@@ -219,28 +252,6 @@ impl SqliteStore {
         self.readers.close().await;
         self.writer.close().await;
     }
-
-    /// The writing connection's pool, for administration.
-    #[must_use]
-    pub fn pool(&self) -> &SqlitePool {
-        &self.writer
-    }
-
-    async fn fenced(
-        &self,
-        what: &str,
-        query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
-    ) -> Result<(), StoreError> {
-        let done = query
-            .execute(&self.writer)
-            .await
-            .map_err(|e| unavailable(&format!("SQLite: {what}"), e))?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::fenced())
-        }
-    }
 }
 
 /// This machine's wall clock in milliseconds since the Unix epoch.
@@ -250,8 +261,73 @@ fn now_ms() -> i64 {
         .map_or(0, millis)
 }
 
+/// A duration in whole milliseconds, "forever" held to 100 years.
 fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+    // 100 years in milliseconds is far below i64::MAX.
+    i64::try_from(clamp_forever(d).as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Creates the table and its indexes if missing, and upgrades a table of the previous
+/// schema in place: SQLite has no `ADD COLUMN IF NOT EXISTS`, so the columns are read
+/// first, inside one write transaction (`BEGIN IMMEDIATE`), so that two processes
+/// opening one file do not both add a column.
+async fn migrate(writer: &SqlitePool, table: &TableName) -> Result<(), StoreError> {
+    let err = |e| unavailable("SQLite: creating the schema", e);
+    let t = table.quoted();
+    let (expiry, in_progress) = (
+        table.index_name("expires_at"),
+        table.index_name("in_progress"),
+    );
+    let mut conn = writer.acquire().await.map_err(err)?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {t} (
+    id          BLOB    PRIMARY KEY,
+    fingerprint BLOB    NOT NULL,
+    token       BLOB,
+    payload     BLOB,
+    taken_over  INTEGER NOT NULL DEFAULT 0,
+    expires_at  INTEGER NOT NULL,
+    created     INTEGER NOT NULL DEFAULT 0,
+    retention   INTEGER NOT NULL DEFAULT 0
+)"
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(err)?;
+    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info($1)")
+        .bind(table.unquoted())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err)?;
+    for column in ADDED_COLUMNS {
+        if columns.iter().any(|c| c == column) {
+            continue;
+        }
+        // The columns the previous schema lacked; rows written by it show the time of
+        // the upgrade as their claim's time, and keep no abandoned claim past its lease.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE {t} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        if column == "created" {
+            sqlx::query(AssertSqlSafe(format!("UPDATE {t} SET created = $1")))
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+        }
+    }
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE INDEX IF NOT EXISTS {expiry} ON {t} (expires_at);
+CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;"
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(err)?;
+    tx.commit().await.map_err(err)
 }
 
 /// Binds the arguments every fenced write starts with: now, id, token.
@@ -286,6 +362,7 @@ impl Store for SqliteStore {
             .bind(req.fingerprint.to_vec())
             .bind(req.token.to_bytes().to_vec())
             .bind(millis(req.lease))
+            .bind(millis(req.retention))
             .fetch_one(&self.writer)
             .await
             .map_err(|e| unavailable("SQLite: claiming a record", e))?;
@@ -302,7 +379,8 @@ impl Store for SqliteStore {
         let q = fenced_query(&self.sql.complete, id, token)
             .bind(payload.to_vec())
             .bind(millis(retention));
-        self.fenced("completing a record", q).await
+        let done = q.execute(&self.writer).await.map(|r| r.rows_affected());
+        fenced("SQLite: completing a record", done)
     }
 
     async fn renew(
@@ -312,12 +390,14 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let q = fenced_query(&self.sql.renew, id, token).bind(millis(lease));
-        self.fenced("renewing a lease", q).await
+        let done = q.execute(&self.writer).await.map(|r| r.rows_affected());
+        fenced("SQLite: renewing a lease", done)
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         let q = fenced_query(&self.sql.release, id, token);
-        self.fenced("releasing a record", q).await
+        let done = q.execute(&self.writer).await.map(|r| r.rows_affected());
+        fenced("SQLite: releasing a record", done)
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
@@ -327,6 +407,39 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| unavailable("SQLite: sweeping expired records", e))?;
         Ok(done.rows_affected())
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let row = sqlx::query(sql(&self.sql.inspect))
+            .bind(now_ms())
+            .bind(id.as_bytes().to_vec())
+            .fetch_optional(&self.readers)
+            .await
+            .map_err(|e| unavailable("SQLite: inspecting a record", e))?;
+        row.map(|r| decode_info(&r, Duration::from_millis))
+            .transpose()
+    }
+
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let shown: Option<bool> = sqlx::query_scalar(sql(&self.sql.force_release))
+            .bind(now_ms())
+            .bind(id.as_bytes().to_vec())
+            .fetch_optional(&self.writer)
+            .await
+            .map_err(|e| unavailable("SQLite: force-releasing a record", e))?;
+        Ok(shown.unwrap_or(false))
+    }
+
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let rows = sqlx::query(sql(&self.sql.list_in_progress))
+            .bind(now_ms())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.readers)
+            .await
+            .map_err(|e| unavailable("SQLite: listing records in progress", e))?;
+        rows.iter()
+            .map(|r| decode_info(r, Duration::from_millis))
+            .collect()
     }
 }
 

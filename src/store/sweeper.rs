@@ -3,10 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Store;
-
-/// The longest period: 100 years, as good as never.
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+use super::{Store, clamp_forever};
 
 /// Spawns a task that calls [`Store::sweep`] every `every` (first after one period),
 /// for stores that keep expired records until swept (PostgreSQL, SQLite). A failed sweep
@@ -25,7 +22,7 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration) -> tokio::task::JoinHandle<()> {
     // `Instant + Duration` panics on overflow: a period of `Duration::MAX` ("never")
     // is held to 100 years, like every other "forever" in the stores.
-    let every = every.clamp(Duration::from_millis(1), FOREVER);
+    let every = clamp_forever(every).max(Duration::from_millis(1));
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -56,6 +53,7 @@ mod tests {
                 fingerprint: b"",
                 token: FencingToken::random(),
                 lease: Duration::from_secs(1),
+                retention: Duration::ZERO,
             })
             .await
             .expect("claim");

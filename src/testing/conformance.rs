@@ -23,22 +23,39 @@
 //! deadline (ten seconds), never by one long sleep. A check never fails because the
 //! machine is slow: "must still be live" is asserted only while the local time elapsed
 //! since the write is shorter than the lease or retention, so a stall can only make a
-//! check wait longer.
+//! check wait longer. A store's clock may count whole milliseconds, so an expiry up to
+//! 2 ms early by this machine's clock is accepted.
+//!
+//! The times a store reports ([`RecordInfo::created`], [`RecordInfo::expires`]) are read
+//! by the store's clock; the checks allow [`CLOCK_SKEW`] between that clock and this
+//! machine's.
+//!
+//! # Shared stores
+//!
+//! [`list_in_progress_is_oldest_first`] lists up to [`LIST_ALL`] in-progress records and
+//! expects its own among them: a store shared with other work must hold fewer
+//! in-progress records than that.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep};
 
-use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+use crate::store::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
+};
 
 /// How many claims [`claim_is_atomic`] fires at one record at once.
 pub const CONCURRENT_CLAIMS: usize = 300;
 /// The size of the payload [`large_payload_round_trips`] stores.
 pub const LARGE_PAYLOAD: usize = 6 * 1024 * 1024;
+/// How far the store's clock may be from this machine's in the checks of reported times.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(1);
+/// The `limit` with which [`list_in_progress_is_oldest_first`] lists "everything".
+pub const LIST_ALL: usize = 10_000;
 
 /// A lease or retention that the checks wait out.
 const SHORT: Duration = Duration::from_millis(300);
@@ -46,6 +63,18 @@ const SHORT: Duration = Duration::from_millis(300);
 const ONE_SECOND: Duration = Duration::from_secs(1);
 /// A lease or retention that does not end during a check.
 const LONG: Duration = Duration::from_secs(120);
+/// A retention that does not end during a check and differs from [`LONG`], so that a
+/// store reporting one for the other is caught.
+const RETAIN: Duration = Duration::from_secs(600);
+/// How long [`abandoned_claim_is_kept_for_its_retention`] keeps its abandoned claim.
+const ABANDONED: Duration = Duration::from_secs(1);
+/// How early a lease or retention may end by this machine's clock: a store's clock may
+/// count whole milliseconds (Redis `TIME`, SQLite's stored times), so an expiry written
+/// and read back can come up to a millisecond early each way.
+const CLOCK_RESOLUTION: Duration = Duration::from_millis(2);
+/// How far a reported duration may be from the one asked for (store clock resolution,
+/// and the time a statement takes between reading the clock twice).
+const TOLERANCE: Duration = Duration::from_secs(1);
 /// How long a check waits for a lease or retention to end before failing.
 const DEADLINE: Duration = Duration::from_secs(10);
 /// The pause between two polls.
@@ -68,12 +97,16 @@ where
     writes_are_fenced_by_token(&store().await).await;
     claim_is_atomic(&store().await).await;
     takeover_after_lease_expiry(&store().await).await;
-    expired_owner_is_fenced(&store().await).await;
+    expired_owner_can_still_complete(&store().await).await;
     concurrent_takeover_is_atomic(&store().await).await;
     release_makes_the_record_claimable(&store().await).await;
     renew_extends_the_lease(&store().await).await;
     retention_expiry(&store().await).await;
+    abandoned_claim_is_kept_for_its_retention(&store().await).await;
     sweep_keeps_live_records(&store().await).await;
+    inspect_shows_the_record(&store().await).await;
+    force_release_removes_any_record(&store().await).await;
+    list_in_progress_is_oldest_first(&store().await).await;
     large_payload_round_trips(&store().await).await;
     scopes_are_isolated(&store().await).await;
     huge_durations_mean_forever(&store().await).await;
@@ -233,7 +266,7 @@ pub async fn takeover_after_lease_expiry(store: &Arc<dyn Store>) {
                     "a claim over an expired lease must report takeover: true"
                 );
                 assert!(
-                    Instant::now() - started >= SHORT,
+                    Instant::now() - started + CLOCK_RESOLUTION >= SHORT,
                     "the lease was taken over before it could have expired"
                 );
                 break;
@@ -266,23 +299,61 @@ pub async fn takeover_after_lease_expiry(store: &Arc<dyn Store>) {
     );
 }
 
-/// An owner whose lease ended is fenced at once, before any other claim took the record
-/// over: its complete, renew and release change nothing (a store that checks only the
-/// token would let it complete a record that counts as absent), and the next claim
-/// acquires the record.
-pub async fn expired_owner_is_fenced(store: &Arc<dyn Store>) {
-    let id = fresh_id();
-    let owner = FencingToken::random();
-    expect_acquired(claim(store, &id, b"fp", owner, SHORT).await, false, "claim");
-    // The store took the claim before it returned, so its lease has ended by any clock
-    // once this much time has passed here.
+/// An owner whose lease expired and that nobody took over can still complete (the next
+/// claim then gets the completed record: a replay, not a takeover), renew (its lease is
+/// live again) and release (the next claim executes anew): fencing stops a stale owner
+/// from overwriting a new one, not from recording the only outcome there is.
+pub async fn expired_owner_can_still_complete(store: &Arc<dyn Store>) {
+    let [done, renewed, released] = [fresh_id(), fresh_id(), fresh_id()];
+    let owners = [(); 3].map(|()| FencingToken::random());
+    for (id, owner) in [&done, &renewed, &released].into_iter().zip(owners) {
+        expect_acquired(claim(store, id, b"fp", owner, SHORT).await, false, "claim");
+    }
+    // The store took the claims before they returned, so their leases have ended by any
+    // clock once this much time has passed here.
     let claimed = Instant::now();
     tokio::time::sleep_until(claimed + SHORT + POLL).await;
-    expect_all_fenced(store, &id, owner, "by an owner whose lease ended").await;
-    match claim(store, &id, b"next", FencingToken::random(), LONG).await {
-        Claim::Acquired { .. } => {}
-        other => panic!("a record whose lease ended counts as absent, got {other:?}"),
-    }
+
+    let payload = Bytes::from_static(b"recorded after the lease");
+    store
+        .complete(&done, owners[0], payload.clone(), LONG)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "an owner whose lease expired and that nobody took over must still complete: {e}"
+            )
+        });
+    expect_completed(
+        claim(store, &done, b"next", FencingToken::random(), LONG).await,
+        b"fp",
+        &payload,
+        "the claim after an expired owner completed (a replay, not a takeover)",
+    );
+
+    store
+        .renew(&renewed, owners[1], LONG)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("an owner whose lease expired and that nobody took over must still renew: {e}")
+        });
+    expect_in_progress(
+        claim(store, &renewed, b"next", FencingToken::random(), LONG).await,
+        b"fp",
+        "a claim after an expired owner renewed its lease",
+    );
+    complete(store, &renewed, owners[1], Bytes::from_static(b"ok"), LONG).await;
+
+    store
+        .release(&released, owners[2])
+        .await
+        .unwrap_or_else(|e| {
+            panic!("an owner whose lease expired and that nobody took over must still release: {e}")
+        });
+    expect_acquired(
+        claim(store, &released, b"next", FencingToken::random(), LONG).await,
+        false,
+        "a claim after an expired owner released",
+    );
 }
 
 /// Concurrent claims on an expired lease: exactly one takes it over.
@@ -416,7 +487,7 @@ pub async fn retention_expiry(store: &Arc<dyn Store>) {
             Claim::Acquired { takeover } => {
                 assert!(!takeover, "an expired completed record is not a takeover");
                 assert!(
-                    Instant::now() - completing >= SHORT,
+                    Instant::now() - completing + CLOCK_RESOLUTION >= SHORT,
                     "a completed record expired before its retention ended"
                 );
                 break;
@@ -509,6 +580,313 @@ pub async fn sweep_keeps_live_records(store: &Arc<dyn Store>) {
         .unwrap_or_else(|e| panic!("a sweep must not disturb a live lease: {e}"));
 }
 
+/// An abandoned claim (lease expired, nobody took it over) is kept past its lease, for
+/// the claim's retention: [`Store::inspect`] still shows it and [`Store::sweep`] leaves
+/// it. Once lease + retention have passed it is gone: `inspect` shows nothing, its
+/// owner's complete is fenced, and the next claim acquires the record.
+pub async fn abandoned_claim_is_kept_for_its_retention(store: &Arc<dyn Store>) {
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    let started = Instant::now();
+    expect_acquired(
+        claim_kept(store, &id, b"abandoned", owner, SHORT, ABANDONED).await,
+        false,
+        "claim",
+    );
+    tokio::time::sleep_until(started + SHORT + POLL).await;
+
+    let deadline = started + SHORT + ABANDONED + DEADLINE;
+    loop {
+        let before = Instant::now();
+        store
+            .sweep()
+            .await
+            .unwrap_or_else(|e| panic!("sweep must succeed: {e}"));
+        let info = inspect(store, &id).await;
+        // The store wrote the claim after `started`: it is surely kept until then.
+        let surely_kept = Instant::now() - started + CLOCK_RESOLUTION < SHORT + ABANDONED;
+        match info {
+            Some(info) => {
+                assert_eq!(
+                    info.state,
+                    RecordState::InProgress,
+                    "an abandoned claim is in progress"
+                );
+                assert!(
+                    info.expires <= SystemTime::now() + CLOCK_SKEW,
+                    "the lease of an abandoned claim ended: its expires must be in the past"
+                );
+                assert!(
+                    before < deadline,
+                    "an abandoned claim kept for {ABANDONED:?} past a lease of {SHORT:?} was \
+                     still there after {DEADLINE:?} more: it must be removed once lease + \
+                     retention have passed"
+                );
+            }
+            None => {
+                assert!(
+                    !surely_kept,
+                    "an abandoned claim must be kept past its lease for the claim's retention \
+                     (it was gone {:?} after the claim, before lease + retention)",
+                    Instant::now() - started
+                );
+                break;
+            }
+        }
+        sleep(POLL).await;
+    }
+    store
+        .complete(&id, owner, Bytes::from_static(b"too late"), LONG)
+        .await
+        .map_or_else(
+            |e| expect_fenced_error(&e, "complete of a claim past lease + retention"),
+            |()| panic!("complete of a claim past lease + retention must be fenced"),
+        );
+    expect_executes(
+        claim(store, &id, b"next", FencingToken::random(), LONG).await,
+        "a claim past lease + retention (the record counts as absent)",
+    );
+}
+
+/// [`Store::inspect`] shows a record by its [`RecordId`] (never by the raw key): `None`
+/// for an absent id; while in progress, the claim's fingerprint, `created` (now, by the
+/// store's clock) and `expires` (the end of the lease, not of the retention); once
+/// completed, the payload's size and `expires` at the end of the retention, `created`
+/// unchanged; `None` again once the retention ended.
+pub async fn inspect_shows_the_record(store: &Arc<dyn Store>) {
+    assert_eq!(
+        inspect(store, &fresh_id()).await,
+        None,
+        "inspect of an absent id must be None"
+    );
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    let fp = b"fp\0inspect\xff".as_slice();
+    let before = SystemTime::now();
+    expect_acquired(
+        claim_kept(store, &id, fp, owner, LONG, RETAIN).await,
+        false,
+        "claim",
+    );
+    let after = SystemTime::now();
+    let info = inspect(store, &id)
+        .await
+        .unwrap_or_else(|| panic!("inspect of an in-progress record must show it"));
+    assert_eq!(info.id, id, "inspect shows the record asked for");
+    assert_eq!(info.state, RecordState::InProgress, "inspect of a claim");
+    assert_eq!(
+        info.fingerprint, fp,
+        "inspect shows the claim's fingerprint"
+    );
+    assert_eq!(
+        info.payload_len, None,
+        "an in-progress record has no payload"
+    );
+    assert!(
+        info.created + CLOCK_SKEW >= before && info.created <= after + CLOCK_SKEW,
+        "created must be the time of the claim: {:?} is not between {before:?} and {after:?}",
+        info.created
+    );
+    expect_about(
+        &info,
+        LONG,
+        "an in-progress record's expires is the end of its lease",
+    );
+    let other_scope = RecordId::new("idemkey-conformance-other", "x");
+    assert_eq!(
+        inspect(store, &other_scope).await,
+        None,
+        "another id is absent"
+    );
+
+    let payload = Bytes::from(vec![7_u8; 1234]);
+    complete(store, &id, owner, payload, RETAIN).await;
+    let completed = SystemTime::now();
+    let done = inspect(store, &id)
+        .await
+        .unwrap_or_else(|| panic!("inspect of a completed record must show it"));
+    assert_eq!(done.state, RecordState::Completed, "inspect after complete");
+    assert_eq!(
+        done.payload_len,
+        Some(1234),
+        "payload_len is the payload's size"
+    );
+    assert_eq!(done.fingerprint, fp, "the completed request's fingerprint");
+    assert_eq!(
+        done.created, info.created,
+        "created is the time of the claim; completing does not change it"
+    );
+    assert!(
+        done.expires + TOLERANCE >= info.created + RETAIN
+            && done.expires <= completed + RETAIN + CLOCK_SKEW,
+        "a completed record's expires is the end of its retention ({RETAIN:?} after the \
+         complete), got {:?} after the claim",
+        done.expires
+            .duration_since(done.created)
+            .unwrap_or_default()
+    );
+
+    // A completed record past its retention is not shown.
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    expect_acquired(claim(store, &id, b"fp", owner, LONG).await, false, "claim");
+    let completing = Instant::now();
+    complete(store, &id, owner, Bytes::from_static(b"brief"), SHORT).await;
+    let deadline = completing + SHORT + DEADLINE;
+    while inspect(store, &id).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "inspect still showed a record {DEADLINE:?} after its retention of {SHORT:?} ended"
+        );
+        sleep(POLL).await;
+    }
+    assert!(
+        Instant::now() - completing + CLOCK_RESOLUTION >= SHORT,
+        "inspect showed nothing before the retention ended"
+    );
+}
+
+/// [`Store::force_release`] removes a record whatever its state or token: an in-progress
+/// one (its owner's complete, renew and release are fenced afterwards, and the next claim
+/// acquires the record) and a completed one (the next claim executes anew). It returns
+/// `true` when it removed a record, `false` for an absent id.
+pub async fn force_release_removes_any_record(store: &Arc<dyn Store>) {
+    assert!(
+        !force_release(store, &fresh_id()).await,
+        "force_release of an absent id must return false"
+    );
+
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    expect_acquired(
+        claim(store, &id, b"stuck", owner, LONG).await,
+        false,
+        "claim",
+    );
+    assert!(
+        force_release(store, &id).await,
+        "force_release of an in-progress record must return true"
+    );
+    assert_eq!(
+        inspect(store, &id).await,
+        None,
+        "a force-released record is gone"
+    );
+    assert!(
+        !force_release(store, &id).await,
+        "a second force_release finds nothing: false"
+    );
+    expect_all_fenced(store, &id, owner, "by the owner of a force-released record").await;
+    let next = FencingToken::random();
+    expect_executes(
+        claim(store, &id, b"next", next, LONG).await,
+        "the claim after a force_release",
+    );
+    expect_all_fenced(
+        store,
+        &id,
+        owner,
+        "by the owner of a force-released record, once re-claimed",
+    )
+    .await;
+    expect_in_progress(
+        claim(store, &id, b"x", FencingToken::random(), LONG).await,
+        b"next",
+        "the new owner's record after the old owner's fenced writes",
+    );
+    complete(store, &id, next, Bytes::from_static(b"new"), LONG).await;
+
+    assert!(
+        force_release(store, &id).await,
+        "force_release of a completed record must return true"
+    );
+    expect_executes(
+        claim(store, &id, b"again", FencingToken::random(), LONG).await,
+        "the claim after force_release of a completed record (it executes anew)",
+    );
+}
+
+/// [`Store::list_in_progress`] lists in-progress records, abandoned ones (expired lease)
+/// included and completed ones never, oldest claim first, and honours `limit`.
+pub async fn list_in_progress_is_oldest_first(store: &Arc<dyn Store>) {
+    assert!(
+        list(store, 0).await.is_empty(),
+        "list_in_progress(0) must be empty"
+    );
+    let (expiring, older, newest, done) = (fresh_id(), fresh_id(), fresh_id(), fresh_id());
+    let token = FencingToken::random;
+    expect_acquired(
+        claim(store, &expiring, b"expiring", token(), SHORT).await,
+        false,
+        "claim",
+    );
+    let claimed = Instant::now();
+    for (id, fp) in [(&older, b"older"), (&newest, b"newer")] {
+        // Apart by more than the resolution of any store's clock.
+        sleep(POLL).await;
+        expect_acquired(claim(store, id, fp, token(), LONG).await, false, "claim");
+    }
+    let done_owner = token();
+    expect_acquired(
+        claim(store, &done, b"done", done_owner, LONG).await,
+        false,
+        "claim",
+    );
+    complete(store, &done, done_owner, Bytes::from_static(b"p"), LONG).await;
+    tokio::time::sleep_until(claimed + SHORT + POLL).await;
+
+    let all = list(store, LIST_ALL).await;
+    expect_sorted(&all, "list_in_progress");
+    for info in &all {
+        assert_eq!(
+            (info.state, info.payload_len),
+            (RecordState::InProgress, None),
+            "list_in_progress must list in-progress records only, got {info:?}"
+        );
+    }
+    assert!(
+        all.iter().all(|r| r.id != done),
+        "list_in_progress must not list a completed record"
+    );
+    let position = |id: &RecordId, what: &str| {
+        all.iter()
+            .position(|r| r.id == *id)
+            .unwrap_or_else(|| panic!("list_in_progress must list {what}"))
+    };
+    let mine = [
+        position(
+            &expiring,
+            "an in-progress record whose lease expired (a stuck key)",
+        ),
+        position(&older, "an in-progress record"),
+        position(&newest, "an in-progress record"),
+    ];
+    assert!(
+        mine[0] < mine[1] && mine[1] < mine[2],
+        "list_in_progress must list the oldest claim first (positions {mine:?} for three \
+         claims made in order)"
+    );
+    assert!(
+        all[mine[0]].expires <= SystemTime::now() + CLOCK_SKEW,
+        "the expired-lease record is listed with its lease end in the past"
+    );
+    for k in 1..=3 {
+        let first = list(store, k).await;
+        expect_sorted(&first, "list_in_progress with a limit");
+        assert_eq!(
+            first.len(),
+            k,
+            "list_in_progress({k}) must return {k} records when the store holds more"
+        );
+        let kth_mine = &all[mine[k - 1]];
+        assert!(
+            first[k - 1].created <= kth_mine.created,
+            "list_in_progress({k}) must return the {k} oldest claims: its last is newer than \
+             an in-progress record it left out"
+        );
+    }
+}
+
 /// A payload of [`LARGE_PAYLOAD`] bytes (every byte value, no pattern a store could
 /// compress away) is returned byte for byte.
 pub async fn large_payload_round_trips(store: &Arc<dyn Store>) {
@@ -580,9 +958,15 @@ pub async fn huge_durations_mean_forever(store: &Arc<dyn Store>) {
     let id = fresh_id();
     let owner = FencingToken::random();
     expect_acquired(
-        claim(store, &id, b"fp", owner, Duration::MAX).await,
+        claim_kept(store, &id, b"fp", owner, Duration::MAX, Duration::MAX).await,
         false,
         "claim",
+    );
+    assert!(
+        inspect(store, &id)
+            .await
+            .is_some_and(|i| i.expires > SystemTime::now() + LONG),
+        "inspect of a lease of Duration::MAX must show it, expiring far ahead"
     );
     store
         .renew(&id, owner, Duration::MAX)
@@ -609,6 +993,7 @@ fn fresh_id() -> RecordId {
     RecordId::new("idemkey-conformance", &uuid::Uuid::new_v4().to_string())
 }
 
+/// A claim whose record, if abandoned, is kept for [`LONG`] past its lease.
 async fn claim(
     store: &Arc<dyn Store>,
     id: &RecordId,
@@ -616,15 +1001,73 @@ async fn claim(
     token: FencingToken,
     lease: Duration,
 ) -> Claim {
+    claim_kept(store, id, fingerprint, token, lease, LONG).await
+}
+
+async fn claim_kept(
+    store: &Arc<dyn Store>,
+    id: &RecordId,
+    fingerprint: &[u8],
+    token: FencingToken,
+    lease: Duration,
+    retention: Duration,
+) -> Claim {
     store
         .claim(ClaimRequest {
             id,
             fingerprint,
             token,
             lease,
+            retention,
         })
         .await
         .unwrap_or_else(|e| panic!("claim failed: {e}"))
+}
+
+async fn inspect(store: &Arc<dyn Store>, id: &RecordId) -> Option<RecordInfo> {
+    store
+        .inspect(id)
+        .await
+        .unwrap_or_else(|e| panic!("inspect failed: {e}"))
+}
+
+async fn force_release(store: &Arc<dyn Store>, id: &RecordId) -> bool {
+    store
+        .force_release(id)
+        .await
+        .unwrap_or_else(|e| panic!("force_release failed: {e}"))
+}
+
+async fn list(store: &Arc<dyn Store>, limit: usize) -> Vec<RecordInfo> {
+    let listed = store
+        .list_in_progress(limit)
+        .await
+        .unwrap_or_else(|e| panic!("list_in_progress failed: {e}"));
+    assert!(
+        listed.len() <= limit,
+        "list_in_progress({limit}) returned {} records",
+        listed.len()
+    );
+    listed
+}
+
+fn expect_sorted(listed: &[RecordInfo], what: &str) {
+    assert!(
+        listed.windows(2).all(|w| w[0].created <= w[1].created),
+        "{what} must list the oldest claim first"
+    );
+}
+
+/// `info.expires` is `d` after `info.created`, within [`TOLERANCE`].
+fn expect_about(info: &RecordInfo, d: Duration, what: &str) {
+    let got = info
+        .expires
+        .duration_since(info.created)
+        .unwrap_or_default();
+    assert!(
+        got + TOLERANCE >= d && got <= d + TOLERANCE,
+        "{what}: expires must be {d:?} after created, got {got:?}"
+    );
 }
 
 async fn complete(
@@ -672,6 +1115,15 @@ async fn race(
 
 fn expect_acquired(got: Claim, takeover: bool, what: &str) {
     assert_eq!(got, Claim::Acquired { takeover }, "{what}");
+}
+
+/// Acquired, with or without a takeover (a store that has removed the record cannot
+/// tell).
+fn expect_executes(got: Claim, what: &str) {
+    assert!(
+        matches!(got, Claim::Acquired { .. }),
+        "{what} must be Acquired, got {got:?}"
+    );
 }
 
 fn expect_in_progress(got: Claim, fp: &[u8], what: &str) {

@@ -341,15 +341,109 @@ pub(crate) async fn postgres_store(table: &str) -> idemkey::store::PostgresStore
     store
 }
 
+/// A connection pool of its own to the shared PostgreSQL, for raw SQL in tests (the
+/// store keeps its pool private).
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres_admin(url: &str) -> sqlx::PgPool {
+    sqlx::PgPool::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {url} must be reachable: {e}"))
+}
+
 /// Drops a test table made by [`postgres_store`].
 #[cfg(feature = "postgres")]
-pub(crate) async fn drop_postgres_table(store: &idemkey::store::PostgresStore, table: &str) {
+pub(crate) async fn drop_postgres_table(table: &str) {
+    let admin = postgres_admin(&postgres_url()).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS \"{table}\""
     )))
-    .execute(store.pool())
+    .execute(&admin)
     .await
     .expect("drop the test table");
+    admin.close().await;
+}
+
+/// The rows a test wrote into a table of the previous schema before the store upgraded
+/// it: `done` completed with fingerprint `fp` and payload `old payload`, `running` in
+/// progress with fingerprint `fp`, held by `owner`, with an hour of lease left.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) struct PreviousRows {
+    pub(crate) done: idemkey::store::RecordId,
+    pub(crate) running: idemkey::store::RecordId,
+    pub(crate) owner: idemkey::store::FencingToken,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl PreviousRows {
+    pub(crate) fn new() -> Self {
+        Self {
+            done: idemkey::store::RecordId::new("old", "done"),
+            running: idemkey::store::RecordId::new("old", "running"),
+            owner: idemkey::store::FencingToken::random(),
+        }
+    }
+
+    /// What a store upgraded at `upgrading` must show of them: the completed record is
+    /// replayed, the running one is inspected (its `created` is the time of the upgrade)
+    /// and listed, and its owner completes it.
+    pub(crate) async fn expect_upgraded(
+        &self,
+        store: &dyn idemkey::store::Store,
+        upgrading: std::time::SystemTime,
+    ) {
+        use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId};
+        let claim = |id: RecordId| async move {
+            store
+                .claim(ClaimRequest {
+                    id: &id,
+                    fingerprint: b"new",
+                    token: FencingToken::random(),
+                    lease: Duration::from_secs(60),
+                    retention: Duration::from_secs(60),
+                })
+                .await
+                .expect("claim")
+        };
+        assert_eq!(
+            claim(self.done).await,
+            Claim::Completed {
+                fingerprint: "fp".into(),
+                payload: "old payload".into()
+            },
+            "a completed record of the previous version is replayed"
+        );
+        let info = store
+            .inspect(&self.running)
+            .await
+            .expect("inspect")
+            .expect("the running record of the previous version");
+        let skew = Duration::from_secs(5);
+        assert!(
+            info.created + skew >= upgrading && info.created <= std::time::SystemTime::now() + skew,
+            "a row of the previous version shows the time of the upgrade as created"
+        );
+        let listed = store.list_in_progress(10).await.expect("list_in_progress");
+        assert_eq!(
+            listed.iter().map(|r| r.id).collect::<Vec<_>>(),
+            [self.running]
+        );
+        store
+            .complete(
+                &self.running,
+                self.owner,
+                "late".into(),
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("the owner of a claim of the previous version completes it");
+        assert_eq!(
+            claim(self.running).await,
+            Claim::Completed {
+                fingerprint: "fp".into(),
+                payload: "late".into()
+            }
+        );
+    }
 }
 
 /// A private three-node Redis Cluster (no replicas, no persistence) on free ports,

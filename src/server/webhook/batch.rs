@@ -11,13 +11,16 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use super::preset::DEFAULT_WEBHOOK_RETENTION;
-use super::source::KeySource;
+use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::server::Rejection;
-use crate::server::engine::{Claimed, Engine};
-use crate::store::{RecordId, Store, StoreError};
+use crate::protocol::Problem;
+use crate::server::engine::{ClaimError, Claimed, Engine};
+use crate::server::extract::KeySource;
+use crate::server::rejection::Rejection;
+use crate::store::{Store, StoreError};
 
-/// The fingerprint recorded with every batch item (items are identified by id only).
+/// What the fingerprint recorded with every batch item is made of (items are
+/// identified by id only, so every item has the same one).
 const ITEM_FINGERPRINT: &[u8] = b"idemkey/batch-item/v1";
 /// What a completed item's record holds.
 const ITEM_DONE: &[u8] = b"done";
@@ -91,21 +94,13 @@ impl BatchDeduper {
     #[must_use]
     pub fn new(store: impl Store, id: KeySource) -> Self {
         Self {
-            engine: Self::engine(
-                Arc::new(store),
-                DEFAULT_ITEM_LEASE,
-                DEFAULT_WEBHOOK_RETENTION,
-            ),
+            engine: Engine::builder(store)
+                .lease(DEFAULT_ITEM_LEASE)
+                .retention(DEFAULT_WEBHOOK_RETENTION)
+                .build(),
             id,
             scope: Arc::from("webhook:batch"),
         }
-    }
-
-    fn engine(store: Arc<dyn Store>, lease: Duration, retention: Duration) -> Engine {
-        Engine::builder_shared(store)
-            .lease(lease)
-            .retention(retention)
-            .build()
     }
 
     /// SendGrid's Event Webhook: items identified by `sg_event_id`, scope
@@ -117,30 +112,28 @@ impl BatchDeduper {
     /// The default retention of 7 days covers that window.
     #[must_use]
     pub fn sendgrid(store: impl Store) -> Self {
-        Self::new(store, KeySource::json_pointer("/sg_event_id")).with_scope("webhook:sendgrid")
+        Self::new(store, KeySource::json_pointer("/sg_event_id")).scope("webhook:sendgrid")
     }
 
     /// The scope of the items' records (one per sender, or per sender and tenant).
     #[must_use]
-    pub fn with_scope(mut self, scope: &str) -> Self {
+    pub fn scope(mut self, scope: &str) -> Self {
         self.scope = Arc::from(scope);
         self
     }
 
     /// The lease held on an item while its handler runs (renewed every third of it).
     #[must_use]
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        let store = Arc::clone(self.engine.store());
+    pub fn lease(mut self, lease: Duration) -> Self {
         let lease = lease.max(Duration::from_millis(10));
-        self.engine = Self::engine(store, lease, self.engine.retention());
+        self.engine = self.engine.to_builder().lease(lease).build();
         self
     }
 
     /// How long a processed item's id is remembered.
     #[must_use]
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        let store = Arc::clone(self.engine.store());
-        self.engine = Self::engine(store, self.engine.lease(), retention);
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.engine = self.engine.to_builder().retention(retention).build();
         self
     }
 
@@ -170,6 +163,7 @@ impl BatchDeduper {
             outcome,
         })?;
         let no_headers = HeaderMap::new();
+        let item_fingerprint = Fingerprint::of_bytes(ITEM_FINGERPRINT);
         for (index, raw) in items.into_iter().enumerate() {
             let json = body.slice_ref(raw.get().as_bytes());
             let key = self
@@ -192,15 +186,29 @@ impl BatchDeduper {
                 outcome.without_id += 1;
                 continue;
             };
-            let id = RecordId::new(&self.scope, key.as_str());
             let claim = self
                 .engine
-                .claim(id, ITEM_FINGERPRINT)
+                .claim(&self.scope, &key, &item_fingerprint)
                 .await
-                .map_err(|e| BatchError::store(e, outcome))?;
+                .map_err(|e| BatchError::new(ErrorKind::Claim(e), outcome))?;
             match claim {
-                Claimed::Completed { .. } => outcome.duplicates += 1,
+                Claimed::Replay(_) => outcome.duplicates += 1,
                 Claimed::InProgress { .. } => outcome.in_progress += 1,
+                Claimed::KeyReused => {
+                    // Only another kind of operation in this scope records another
+                    // fingerprint: it holds the id, so this deduper must not run it.
+                    tracing::warn!(scope = %self.scope, item = index, "a batch item's id is recorded by another operation in this scope; skipped as processed (give each deduper a scope of its own)");
+                    outcome.duplicates += 1;
+                }
+                Claimed::Unguarded => {
+                    // The deduper's engine fails closed; were it to fail open, the item
+                    // would run unrecorded, as fail-open means.
+                    handler(item).await.map_err(|e| BatchError {
+                        kind: ErrorKind::Handler { index, source: e },
+                        outcome,
+                    })?;
+                    outcome.processed += 1;
+                }
                 Claimed::Execute(mut execution) => {
                     // Renews the lease while the handler runs; a cancelled delivery drops
                     // the execution, which releases the claim.
@@ -211,7 +219,7 @@ impl BatchDeduper {
                             execution
                                 .complete(Bytes::from_static(ITEM_DONE))
                                 .await
-                                .map_err(|e| BatchError::store(e, outcome))?;
+                                .map_err(|e| BatchError::new(ErrorKind::Store(e), outcome))?;
                             outcome.processed += 1;
                         }
                         Err(e) => {
@@ -324,16 +332,14 @@ pub struct BatchError<E> {
 enum ErrorKind<E> {
     NotArray(String),
     InvalidItem { index: usize, source: Rejection },
+    Claim(ClaimError),
     Store(StoreError),
     Handler { index: usize, source: E },
 }
 
 impl<E> BatchError<E> {
-    fn store(e: StoreError, outcome: BatchOutcome) -> Self {
-        Self {
-            kind: ErrorKind::Store(e),
-            outcome,
-        }
+    fn new(kind: ErrorKind<E>, outcome: BatchOutcome) -> Self {
+        Self { kind, outcome }
     }
 
     /// `true` when the body is not a JSON array, or an item's id is unusable.
@@ -348,7 +354,7 @@ impl<E> BatchError<E> {
     /// `true` when the store failed.
     #[must_use]
     pub fn is_store(&self) -> bool {
-        matches!(self.kind, ErrorKind::Store(_))
+        matches!(self.kind, ErrorKind::Claim(_) | ErrorKind::Store(_))
     }
 
     /// The handler's error, when the handler failed.
@@ -380,9 +386,10 @@ impl<E> BatchError<E> {
     /// (the sender retries; completed items are skipped then).
     #[must_use]
     pub fn status(&self) -> StatusCode {
-        match self.kind {
-            ErrorKind::NotArray(_) | ErrorKind::InvalidItem { .. } => StatusCode::BAD_REQUEST,
-            ErrorKind::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        match &self.kind {
+            ErrorKind::NotArray(_) => StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidItem { source, .. } => source.status(),
+            ErrorKind::Claim(_) | ErrorKind::Store(_) => Problem::StoreUnavailable.default_status(),
             ErrorKind::Handler { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -393,6 +400,7 @@ impl<E: fmt::Display> fmt::Display for BatchError<E> {
         match &self.kind {
             ErrorKind::NotArray(e) => write!(f, "the batch is not a JSON array: {e}"),
             ErrorKind::InvalidItem { index, source } => write!(f, "batch item {index}: {source}"),
+            ErrorKind::Claim(e) => write!(f, "batch deduplication failed: {e}"),
             ErrorKind::Store(e) => write!(f, "batch deduplication failed: {e}"),
             ErrorKind::Handler { index, source } => write!(
                 f,
@@ -407,6 +415,7 @@ impl<E: fmt::Debug> fmt::Debug for BatchError<E> {
         let kind = match &self.kind {
             ErrorKind::NotArray(e) => format!("NotArray({e})"),
             ErrorKind::InvalidItem { index, source } => format!("InvalidItem({index}, {source})"),
+            ErrorKind::Claim(e) => format!("Claim({e})"),
             ErrorKind::Store(e) => format!("Store({e})"),
             ErrorKind::Handler { index, source } => format!("Handler({index}, {source:?})"),
         };
@@ -418,3 +427,57 @@ impl<E: fmt::Debug> fmt::Debug for BatchError<E> {
 }
 
 impl<E: fmt::Debug + fmt::Display> std::error::Error for BatchError<E> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::once::OnceError;
+    use crate::store::MemoryStore;
+
+    /// An item id that another kind of operation holds in the deduper's scope (another
+    /// fingerprint) is not the deduper's to run, whether that operation is done or still
+    /// running: it is skipped as processed, never run, never left pending.
+    #[tokio::test]
+    async fn an_id_held_by_another_operation_in_the_scope_is_skipped() {
+        let store = Arc::new(MemoryStore::new());
+        let other = Engine::new(store.clone());
+        let fp = Fingerprint::of_bytes(b"another operation");
+        let key = |k: &str| IdempotencyKey::new(k).expect("valid key");
+        let done: Result<_, OnceError<std::io::Error>> = other
+            .once("webhook:sendgrid", &key("sg_done"), &fp, || async {
+                Ok(1u8)
+            })
+            .await;
+        assert!(done.is_ok());
+        let Ok(Claimed::Execute(running)) = other
+            .claim("webhook:sendgrid", &key("sg_running"), &fp)
+            .await
+        else {
+            panic!("the other operation claims its key");
+        };
+
+        let dedup = BatchDeduper::sendgrid(store);
+        let body = Bytes::from_static(
+            br#"[{"sg_event_id":"sg_done"},{"sg_event_id":"sg_running"},{"sg_event_id":"sg_new"}]"#,
+        );
+        let mut ran = Vec::new();
+        let outcome = dedup
+            .process(&body, |item| {
+                ran.push(item.index());
+                async { Ok::<_, std::io::Error>(()) }
+            })
+            .await
+            .expect("processed");
+        assert_eq!(ran, [2]);
+        assert_eq!(
+            (
+                outcome.processed(),
+                outcome.duplicates(),
+                outcome.in_progress()
+            ),
+            (1, 2, 0)
+        );
+        assert!(outcome.is_settled());
+        drop(running);
+    }
+}

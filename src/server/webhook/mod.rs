@@ -26,18 +26,19 @@
 //! ```
 //! use std::sync::Arc;
 //! use axum::{Router, body::Body, extract::{Request, State}, middleware::{self, Next}};
-//! use axum::{http::StatusCode, response::{IntoResponse, Response}, routing::post};
-//! use idemkey::server::Engine;
+//! use axum::{response::{IntoResponse, Response}, routing::post};
+//! use idemkey::server::{Engine, Rejection};
 //! use idemkey::server::webhook::{Preset, StandardWebhooksVerifier};
 //! use idemkey::store::MemoryStore;
 //!
 //! async fn verify(State(v): State<Arc<StandardWebhooksVerifier>>, req: Request, next: Next) -> Response {
 //!     let (parts, body) = req.into_parts();
 //!     let Ok(bytes) = axum::body::to_bytes(body, 2 << 20).await else {
-//!         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
+//!         return Rejection::body_too_large(2 << 20).into_response().into_response();
 //!     };
 //!     if let Err(e) = v.verify(&parts.headers, &bytes) {
-//!         return (e.status(), e.to_string()).into_response();
+//!         // 401 signature-rejected, as a problem response.
+//!         return Rejection::from(e).into_response().into_response();
 //!     }
 //!     next.run(Request::from_parts(parts, Body::from(bytes))).await
 //! }
@@ -56,15 +57,7 @@
 //! `examples/webhook_receiver.rs` does the same for Stripe (`Stripe-Signature`) and
 //! GitHub (`X-Hub-Signature-256`).
 //!
-//! # Duplicate handling
-//!
-//! | delivery | answer |
-//! |---|---|
-//! | first delivery of an id | the handler runs; its 2xx is recorded for the retention period |
-//! | duplicate after a 2xx | the first delivery's 2xx replayed (`Idempotent-Replayed: true`): the sender stops retrying |
-//! | duplicate while the first is still running | 409 with `Retry-After`: nothing is acknowledged unprocessed |
-//! | duplicate after any answer that is not 2xx (5xx, 4xx) | that answer released the id: the redelivery is processed |
-//! | id missing where the preset requires one | 400, problem `missing-key` |
+#![doc = include_str!("deliveries.md")]
 //!
 //! # Retention
 //!
@@ -73,12 +66,11 @@
 //! event later carries a floor below which its retention is never set.
 
 mod batch;
-mod pointer;
 mod preset;
 mod signature;
-mod source;
 
+#[doc(no_inline)]
+pub use crate::server::extract::{KeySource, ScopeSource};
 pub use batch::{BatchDeduper, BatchError, BatchItem, BatchOutcome, DEFAULT_ITEM_LEASE};
 pub use preset::{DEFAULT_WEBHOOK_RETENTION, DeliveryId, Preset};
 pub use signature::{DEFAULT_TOLERANCE, SignatureError, StandardWebhooksVerifier};
-pub use source::{KeySource, ScopeSource};

@@ -3,19 +3,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName};
-
 use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::request::Parts;
+use http::{HeaderMap, HeaderName};
 
-use super::source::{Input, KeySource, ScopeSource};
+use super::signature::{SVIX_ID, WEBHOOK_ID};
 use crate::fingerprint::Fingerprinter;
 use crate::key::IdempotencyKey;
-use crate::server::{
-    Engine, ExtractKey, ExtractScope, IdempotencyLayer, KeyRequirement, OutcomePolicy, Rejection,
-};
+use crate::server::engine::Engine;
+use crate::server::extract::{ExtractKey, ExtractScope, Input, KeySource, ScopeSource};
+use crate::server::layer::{IdempotencyLayer, KeyRequirement};
+use crate::server::policy::OutcomePolicy;
+use crate::server::rejection::Rejection;
 use crate::store::RecordId;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -25,15 +26,15 @@ const DAY: Duration = Duration::from_secs(24 * 3600);
 ///
 /// Longer than the automatic retry window of every sender with a preset here, so that a
 /// late retry is still recognised. Presets whose sender may redeliver later carry a
-/// higher [floor](Preset::retention_floor).
+/// higher [floor](Preset::min_retention).
 pub const DEFAULT_WEBHOOK_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How one sender's webhook deliveries are identified: where the id comes from, how
 /// deliveries are scoped, and how long their records must be kept.
 ///
 /// Every preset names its source in the provider's public documentation. The retention
-/// is [`DEFAULT_WEBHOOK_RETENTION`] unless configured with [`Preset::with_retention`], and
-/// never below the preset's [floor](Preset::retention_floor): the time during which the
+/// is [`DEFAULT_WEBHOOK_RETENTION`] unless configured with [`Preset::retention`], and
+/// never below the preset's [floor](Preset::min_retention): the time during which the
 /// sender may deliver the same event again. A record dropped before that would let a
 /// late retry execute twice.
 ///
@@ -58,8 +59,8 @@ pub const DEFAULT_WEBHOOK_RETENTION: Duration = Duration::from_secs(7 * 24 * 360
 /// assert_eq!(id.scope(), "webhook:stripe/acct_1");
 ///
 /// // Stripe retries for up to three days: a shorter retention is raised to that floor.
-/// let short = Preset::stripe().with_retention(Duration::from_secs(3600));
-/// assert_eq!(short.retention(), Duration::from_secs(3 * 24 * 3600));
+/// let short = Preset::stripe().retention(Duration::from_secs(3600));
+/// assert_eq!(short.effective_retention(), Duration::from_secs(3 * 24 * 3600));
 /// # Ok::<(), idemkey::server::Rejection>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -146,22 +147,23 @@ impl Preset {
 
     /// Scopes deliveries by the tenant `scope` finds (absent: the preset's base scope).
     #[must_use]
-    pub fn with_scope(mut self, scope: ScopeSource) -> Self {
+    pub fn scope(mut self, scope: ScopeSource) -> Self {
         self.scope = Some(scope);
         self
     }
 
-    /// Sets the retention; values below the [floor](Preset::retention_floor) are raised
-    /// to it.
+    /// Sets the retention; values below the floor ([`Preset::retention_floor`]) are
+    /// raised to it. Read back with [`Preset::effective_retention`].
     #[must_use]
-    pub fn with_retention(mut self, retention: Duration) -> Self {
+    pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
 
-    /// Sets the floor: the shortest retention allowed.
+    /// Sets the floor: the shortest retention allowed. Read back with
+    /// [`Preset::min_retention`].
     #[must_use]
-    pub fn with_retention_floor(mut self, floor: Duration) -> Self {
+    pub fn retention_floor(mut self, floor: Duration) -> Self {
         self.floor = floor;
         self
     }
@@ -170,7 +172,7 @@ impl Preset {
     /// default) or passed to the handler without deduplication (for handshakes that
     /// carry no id, such as Slack's `url_verification`).
     #[must_use]
-    pub fn with_key_required(mut self, required: bool) -> Self {
+    pub fn key_required(mut self, required: bool) -> Self {
         self.key_required = required;
         self
     }
@@ -199,17 +201,27 @@ impl Preset {
         self.key_required
     }
 
-    /// The retention in force: the configured one, raised to the floor.
+    /// The retention in force: the one set with [`Preset::retention`] (default
+    /// [`DEFAULT_WEBHOOK_RETENTION`]), raised to the floor.
     #[must_use]
-    pub fn retention(&self) -> Duration {
+    pub fn effective_retention(&self) -> Duration {
         self.retention.max(self.floor)
     }
 
-    /// The shortest retention allowed: how long the sender may deliver the same event
-    /// again.
+    /// The floor ([`Preset::retention_floor`]): the shortest retention allowed, how long
+    /// the sender may deliver the same event again.
     #[must_use]
-    pub fn retention_floor(&self) -> Duration {
+    pub fn min_retention(&self) -> Duration {
         self.floor
+    }
+
+    /// Whether the layer rejects a delivery without an id or passes it on.
+    fn requirement(&self) -> KeyRequirement {
+        if self.key_required {
+            KeyRequirement::Required
+        } else {
+            KeyRequirement::Optional
+        }
     }
 
     /// The scope of deliveries that name no tenant: `webhook:<name>`.
@@ -225,19 +237,16 @@ impl Preset {
     ///
     /// # Errors
     /// [`Rejection`] (400): the id is required and missing (`missing-key`), or an id
-    /// or tenant is there but unusable (`invalid-key`).
+    /// is there but unusable (`invalid-key`), or a tenant is (`invalid-scope`).
     pub fn identify(
         &self,
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Option<DeliveryId>, Rejection> {
         let input = Input::new(headers, body);
-        let Some(key) = self.key.extract_in(&input)? else {
-            return if self.key_required {
-                Err(Rejection::missing_key(&ExtractKey::describe(&self.key)))
-            } else {
-                Ok(None)
-            };
+        let found = self.key.extract_in(&input)?;
+        let Some(key) = self.requirement().apply(found, &self.key)? else {
+            return Ok(None);
         };
         let scope = self.scope_in(&input)?;
         Ok(Some(DeliveryId { scope, key }))
@@ -246,7 +255,7 @@ impl Preset {
     /// The scope of a delivery (see [`DeliveryId::scope`]).
     ///
     /// # Errors
-    /// [`Rejection`] when the tenant is there but unusable.
+    /// [`Rejection`] (`invalid-scope`) when the tenant is there but unusable.
     pub fn scope_of(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, Rejection> {
         self.scope_in(&Input::new(headers, body))
     }
@@ -264,7 +273,7 @@ impl Preset {
 
     /// An [`IdempotencyLayer`] over `engine` for this sender's route: the key and scope
     /// from this preset, a key required (or optional, see
-    /// [`Preset::with_key_required`]), the retention of [`Preset::retention`], and a
+    /// [`Preset::key_required`]), the retention of [`Preset::effective_retention`], and a
     /// fingerprint that leaves the body out ([`Fingerprinter::without_body`]; retries of one event may differ in their
     /// body; the id decides), and [`OutcomePolicy::success_only`]: only a 2xx
     /// acknowledges a delivery and is replayed; any other answer releases the id, so
@@ -290,14 +299,10 @@ impl Preset {
         IdempotencyLayer::new(engine)
             .key(self.clone())
             .scope(self.clone())
-            .require(if self.key_required {
-                KeyRequirement::Required
-            } else {
-                KeyRequirement::Optional
-            })
+            .require(self.requirement())
             .fingerprinter(Fingerprinter::new().without_body())
             .policy(OutcomePolicy::success_only())
-            .retention(self.retention())
+            .retention(self.effective_retention())
     }
 
     /// [Standard Webhooks](https://www.standardwebhooks.com/): the `webhook-id` header.
@@ -307,7 +312,7 @@ impl Preset {
     /// specification leaves the retry schedule to the sender.
     #[must_use]
     pub fn standard_webhooks() -> Self {
-        Self::new("standard-webhooks", KeySource::header(header("webhook-id")))
+        Self::new("standard-webhooks", KeySource::header(WEBHOOK_ID))
     }
 
     /// Svix: the `svix-id` header (Standard Webhooks with Svix's header names).
@@ -317,7 +322,7 @@ impl Preset {
     /// hours: immediately, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h). Floor: 2 days.
     #[must_use]
     pub fn svix() -> Self {
-        Self::new("svix", KeySource::header(header("svix-id"))).with_retention_floor(2 * DAY)
+        Self::new("svix", KeySource::header(SVIX_ID)).retention_floor(2 * DAY)
     }
 
     /// Stripe: the event's `id` (`evt_...`) in the body, scoped by the connected
@@ -330,8 +335,8 @@ impl Preset {
     #[must_use]
     pub fn stripe() -> Self {
         Self::new("stripe", KeySource::json_pointer("/id"))
-            .with_scope(ScopeSource::json_pointer("/account"))
-            .with_retention_floor(3 * DAY)
+            .scope(ScopeSource::json_pointer("/account"))
+            .retention_floor(3 * DAY)
     }
 
     /// GitHub: the `X-GitHub-Delivery` GUID, scoped by `X-GitHub-Hook-ID`, since one
@@ -344,8 +349,8 @@ impl Preset {
     #[must_use]
     pub fn github() -> Self {
         Self::new("github", KeySource::header(header("x-github-delivery")))
-            .with_scope(ScopeSource::header(header("x-github-hook-id")))
-            .with_retention_floor(3 * DAY)
+            .scope(ScopeSource::header(header("x-github-hook-id")))
+            .retention_floor(3 * DAY)
     }
 
     /// Shopify: the `X-Shopify-Webhook-Id` header, scoped by the shop
@@ -361,8 +366,8 @@ impl Preset {
     #[must_use]
     pub fn shopify() -> Self {
         Self::new("shopify", KeySource::header(header("x-shopify-webhook-id")))
-            .with_scope(ScopeSource::header(header("x-shopify-shop-domain")))
-            .with_retention_floor(DAY)
+            .scope(ScopeSource::header(header("x-shopify-shop-domain")))
+            .retention_floor(DAY)
     }
 
     /// Shopify, one record per event: the `X-Shopify-Event-Id` header, which is the same
@@ -378,8 +383,8 @@ impl Preset {
             "shopify-events",
             KeySource::header(header("x-shopify-event-id")),
         )
-        .with_scope(ScopeSource::header(header("x-shopify-shop-domain")))
-        .with_retention_floor(DAY)
+        .scope(ScopeSource::header(header("x-shopify-shop-domain")))
+        .retention_floor(DAY)
     }
 
     /// Slack Events API: the body's `event_id`, never the `X-Slack-Retry-Num` /
@@ -395,8 +400,8 @@ impl Preset {
     #[must_use]
     pub fn slack() -> Self {
         Self::new("slack", KeySource::json_pointer("/event_id"))
-            .with_key_required(false)
-            .with_retention_floor(HOUR)
+            .key_required(false)
+            .retention_floor(HOUR)
     }
 
     /// GitLab: the `Idempotency-Key` header GitLab sends with every webhook, the same
@@ -411,7 +416,7 @@ impl Preset {
             "gitlab",
             KeySource::header(crate::protocol::headers::IDEMPOTENCY_KEY),
         )
-        .with_scope(ScopeSource::header(header("x-gitlab-instance")))
+        .scope(ScopeSource::header(header("x-gitlab-instance")))
     }
 
     /// Paddle Billing: the body's `event_id` (`evt_...`).
@@ -421,7 +426,7 @@ impl Preset {
     /// event). Floor: 3 days.
     #[must_use]
     pub fn paddle() -> Self {
-        Self::new("paddle", KeySource::json_pointer("/event_id")).with_retention_floor(3 * DAY)
+        Self::new("paddle", KeySource::json_pointer("/event_id")).retention_floor(3 * DAY)
     }
 
     /// Square: the body's `event_id`.
@@ -431,7 +436,7 @@ impl Preset {
     /// retried for up to 24 hours). Floor: 1 day.
     #[must_use]
     pub fn square() -> Self {
-        Self::new("square", KeySource::json_pointer("/event_id")).with_retention_floor(DAY)
+        Self::new("square", KeySource::json_pointer("/event_id")).retention_floor(DAY)
     }
 
     /// PayPal: the webhook event's `id` (`WH-...`) in the body.
@@ -441,7 +446,7 @@ impl Preset {
     /// over 3 days). Floor: 3 days.
     #[must_use]
     pub fn paypal() -> Self {
-        Self::new("paypal", KeySource::json_pointer("/id")).with_retention_floor(3 * DAY)
+        Self::new("paypal", KeySource::json_pointer("/id")).retention_floor(3 * DAY)
     }
 
     /// Mailgun: the body's `event-data.id`.
@@ -451,8 +456,7 @@ impl Preset {
     /// with anything but 200 or 406 is retried during 8 hours). Floor: 8 hours.
     #[must_use]
     pub fn mailgun() -> Self {
-        Self::new("mailgun", KeySource::json_pointer("/event-data/id"))
-            .with_retention_floor(8 * HOUR)
+        Self::new("mailgun", KeySource::json_pointer("/event-data/id")).retention_floor(8 * HOUR)
     }
 
     /// Jira (Atlassian Cloud): the `X-Atlassian-Webhook-Identifier` header.

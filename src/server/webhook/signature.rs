@@ -9,6 +9,9 @@ use hmac::{Hmac, KeyInit, Mac};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use sha2::Sha256;
 
+use crate::protocol::Problem;
+use crate::server::rejection::Rejection;
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// The tolerance the Standard Webhooks specification recommends: 5 minutes either way.
@@ -16,11 +19,17 @@ pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
 
 const SECRET_PREFIX: &str = "whsec_";
 
+/// The id header of a Standard Webhooks delivery (specification, "Webhook headers"):
+/// what the signature covers first, and what the preset keys deliveries by.
+pub(super) const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+/// Svix's name for [`WEBHOOK_ID`].
+pub(super) const SVIX_ID: HeaderName = HeaderName::from_static("svix-id");
+
 /// Verifies (and makes) [Standard Webhooks](https://www.standardwebhooks.com/) signatures:
 /// HMAC-SHA256 over `{webhook-id}.{webhook-timestamp}.{body}`, base64-encoded, sent as
 /// one or more space-separated `v1,<signature>` entries in `webhook-signature` (several
 /// while the sender rotates its secret; any one that matches is enough). Svix sends the
-/// same scheme under `svix-*` header names ([`StandardWebhooksVerifier::with_svix_headers`]).
+/// same scheme under `svix-*` header names ([`StandardWebhooksVerifier::svix_headers`]).
 ///
 /// The timestamp must be within the tolerance of now (default 5 minutes either way), so
 /// a captured delivery cannot be replayed later.
@@ -90,7 +99,7 @@ impl StandardWebhooksVerifier {
         Self {
             key: key.into(),
             tolerance: DEFAULT_TOLERANCE,
-            id: HeaderName::from_static("webhook-id"),
+            id: WEBHOOK_ID,
             timestamp: HeaderName::from_static("webhook-timestamp"),
             signature: HeaderName::from_static("webhook-signature"),
         }
@@ -98,8 +107,8 @@ impl StandardWebhooksVerifier {
 
     /// Reads Svix's header names: `svix-id`, `svix-timestamp`, `svix-signature`.
     #[must_use]
-    pub fn with_svix_headers(mut self) -> Self {
-        self.id = HeaderName::from_static("svix-id");
+    pub fn svix_headers(mut self) -> Self {
+        self.id = SVIX_ID;
         self.timestamp = HeaderName::from_static("svix-timestamp");
         self.signature = HeaderName::from_static("svix-signature");
         self
@@ -107,7 +116,7 @@ impl StandardWebhooksVerifier {
 
     /// How far the timestamp may be from now, either way (default 5 minutes).
     #[must_use]
-    pub fn with_tolerance(mut self, tolerance: Duration) -> Self {
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
         self
     }
@@ -301,10 +310,18 @@ impl SignatureError {
         matches!(self.kind, Kind::Mismatch)
     }
 
-    /// The status to answer a delivery with: `401 Unauthorized`.
+    /// The status to answer a delivery with: `401 Unauthorized`, the status of the
+    /// `signature-rejected` problem this error converts into.
     #[must_use]
     pub fn status(&self) -> StatusCode {
-        StatusCode::UNAUTHORIZED
+        Problem::SignatureRejected.default_status()
+    }
+}
+
+/// The `401 signature-rejected` answer to a delivery, with this error as its detail.
+impl From<SignatureError> for Rejection {
+    fn from(e: SignatureError) -> Self {
+        Rejection::signature_rejected(e)
     }
 }
 
@@ -359,7 +376,7 @@ mod tests {
     fn timestamp_tolerance_both_ways_and_no_overflow() {
         let v = StandardWebhooksVerifier::new(SECRET)
             .expect("valid secret")
-            .with_tolerance(Duration::from_secs(300));
+            .tolerance(Duration::from_secs(300));
         let h = v.sign_headers(ID, 1_000_000, BODY).expect("signs");
         v.verify_at(&h, BODY, at(1_000_300)).expect("at the edge");
         v.verify_at(&h, BODY, at(999_700))
@@ -410,7 +427,7 @@ mod tests {
     fn svix_headers_and_secrets() {
         let v = StandardWebhooksVerifier::new("C2FVsBQIhrscChlQIMV+b5sSYspob7oD")
             .expect("the prefix is optional")
-            .with_svix_headers();
+            .svix_headers();
         let h = v.sign_headers(ID, 1_000_000, BODY).expect("signs");
         assert!(h.contains_key("svix-signature"));
         v.verify_at(&h, BODY, at(1_000_000)).expect("verifies");

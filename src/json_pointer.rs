@@ -1,4 +1,6 @@
-//! JSON pointer look-ups (RFC 6901) that do not build the document.
+//! JSON pointer look-ups (RFC 6901) that do not build the document: the one
+//! implementation behind the webhook sources ([`KeySource::json_pointer`]) and the
+//! fingerprint's field subsets ([`Fingerprinter::json_fields`]).
 //!
 //! A webhook body can be tens of kilobytes (a Stripe event embeds the whole object) while
 //! the id is one short string near the top. Instead of parsing the body into a
@@ -11,6 +13,15 @@
 //! `""` is the whole document, other pointers start with `/`, `~1` and `~0` unescape to
 //! `/` and `~`, array indices are decimal without a sign or leading zeros, and when an
 //! object repeats a key the last one wins.
+//!
+//! Two ways to validate a document: [`parse_document`] accepts any well-formed JSON text
+//! (the sources' rule); [`parse_value_document`] accepts exactly the texts that parse as a
+//! `serde_json::Value` (a nesting depth of at most 128, numbers within `f64`, no lone
+//! surrogate escapes), the rule fingerprints have always used, so that no stored
+//! fingerprint changes.
+//!
+//! [`KeySource::json_pointer`]: crate::server::KeySource::json_pointer
+//! [`Fingerprinter::json_fields`]: crate::fingerprint::Fingerprinter::json_fields
 
 use std::borrow::Cow;
 use std::fmt;
@@ -74,6 +85,66 @@ impl fmt::Debug for Pointer {
 /// Validates `body` as one JSON document, without building it.
 pub(crate) fn parse_document(body: &[u8]) -> Result<&RawValue, serde_json::Error> {
     serde_json::from_slice(body)
+}
+
+/// Validates `body` as [`parse_document`] does, but accepts only the documents that
+/// `serde_json::from_slice::<Value>` accepts, still without building one.
+pub(crate) fn parse_value_document(body: &[u8]) -> Option<&RawValue> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    AsValue.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    parse_document(body).ok()
+}
+
+/// Walks a document as `serde_json::Value` deserialises it (`deserialize_any`, so with
+/// its depth limit and number parsing; keys through `deserialize_str`), keeping nothing.
+struct AsValue;
+
+impl<'de> DeserializeSeed<'de> for AsValue {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AsValue {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key::<Key<'de>>()?.is_some() {
+            map.next_value_seed(AsValue)?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(AsValue)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
 }
 
 /// What a pointer found, read as an identifier.
@@ -275,7 +346,40 @@ mod tests {
         })
     }
 
+    #[test]
+    fn value_documents_are_those_serde_json_values_accept() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        for text in [
+            deep(127),
+            deep(128),
+            deep(129),
+            "1e400".into(),
+            "-1e400".into(),
+            "1e308".into(),
+            r#""\ud800""#.into(),
+            r#""\ud83d\ude00""#.into(),
+            r#"{"a":1,"a":2}"#.into(),
+            "[1,]".into(),
+            "{} ".into(),
+            "{} x".into(),
+        ] {
+            assert_eq!(
+                parse_value_document(text.as_bytes()).is_some(),
+                serde_json::from_str::<Value>(&text).is_ok(),
+                "{text}"
+            );
+        }
+    }
+
     proptest! {
+        #[test]
+        fn accepts_what_value_accepts(text in r#"[\[\]{}",: 0-9eE.+\-\\ua-fnrul]{0,24}"#) {
+            prop_assert_eq!(
+                parse_value_document(text.as_bytes()).is_some(),
+                serde_json::from_str::<Value>(&text).is_ok()
+            );
+        }
+
         #[test]
         fn agrees_with_value_pointer(doc in arb_json(), tokens in prop::collection::vec("[a-c~/0-3]{0,2}", 0..4)) {
             let pointer: String = tokens.iter().map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1"))).collect();

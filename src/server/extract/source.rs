@@ -10,9 +10,10 @@ use http::{HeaderMap, HeaderName};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use super::pointer::{self, Pointer, Scalar};
-use crate::key::{IdempotencyKey, InvalidKey};
-use crate::server::{ExtractKey, ExtractScope, Rejection};
+use super::{ExtractKey, ExtractScope, header};
+use crate::json_pointer::{self as pointer, Pointer, Scalar};
+use crate::key::IdempotencyKey;
+use crate::server::rejection::Rejection;
 
 /// Where a delivery's id (its idempotency key) comes from.
 ///
@@ -21,9 +22,10 @@ use crate::server::{ExtractKey, ExtractScope, Rejection};
 ///
 /// How values become keys:
 ///
-/// - A **header** value is read as an idempotency key (bare or RFC 8941 sf-string, as for
-///   `Idempotency-Key`); a value that is not 1 to 255 characters of visible ASCII is
-///   rejected as invalid (400, problem `invalid-key`).
+/// - A **header** is read by the crate's [one rule for key headers](crate::server#keys-and-scopes-in-headers-one-rule),
+///   as [`HeaderKey`](super::HeaderKey) reads it: a key, bare or RFC 8941 sf-string; a
+///   header sent twice, empty, or not 1 to 255 characters of visible ASCII is rejected
+///   (400, problem `invalid-key`).
 /// - A **JSON field** is data: a string (unescaped) or a number (its JSON text). A value
 ///   that is not a valid key as is (too long, spaces, non-ASCII) is replaced by
 ///   `sha256:` and the hex SHA-256 of its text, so that every id the sender may use
@@ -56,7 +58,11 @@ pub struct KeySource(Field);
 /// deliveries.
 ///
 /// A scope that is absent leaves the delivery in the source's base scope (see
-/// [`Preset`](super::Preset)); scopes are used verbatim, never validated.
+/// [`Preset`](crate::server::webhook::Preset)). A header is read by the crate's
+/// [one rule for scope headers](crate::server#keys-and-scopes-in-headers-one-rule), as
+/// [`HeaderScope`](super::HeaderScope) reads it (sent twice or empty: 400, problem
+/// `invalid-scope`; opaque bytes are a scope of their own); a JSON field as for
+/// [`KeySource`] (a string or a number; `null` and `""` are missing).
 ///
 /// ```
 /// use idemkey::server::webhook::ScopeSource;
@@ -80,11 +86,19 @@ enum Field {
     Composite(Vec<Field>),
 }
 
+/// What a field is read for: the rules (of headers) and the problem (of bad values)
+/// differ.
+#[derive(Clone, Copy)]
+enum Role {
+    Key,
+    Scope,
+}
+
 impl KeySource {
     /// The value of header `name`.
     #[must_use]
-    pub fn header(name: HeaderName) -> Self {
-        Self(Field::Header(name))
+    pub fn header(name: impl Into<HeaderName>) -> Self {
+        Self(Field::Header(name.into()))
     }
 
     /// The value at a JSON pointer (RFC 6901) into the body, such as `/id` or
@@ -137,9 +151,9 @@ impl KeySource {
     /// The key of a delivery, or `None` when the source finds no value.
     ///
     /// # Errors
-    /// [`Rejection`] when a value is there but unusable: a header that is not a valid
-    /// key, a body that is not JSON where a JSON field is needed, a JSON field that is
-    /// an object, array or boolean.
+    /// [`Rejection`] (`invalid-key`) when a value is there but unusable: a header that
+    /// is not one valid key, a body that is not JSON where a JSON field is needed, a
+    /// JSON field that is an object, array or boolean.
     pub fn extract(
         &self,
         headers: &HeaderMap,
@@ -149,24 +163,20 @@ impl KeySource {
     }
 
     pub(crate) fn extract_in(&self, d: &Input<'_>) -> Result<Option<IdempotencyKey>, Rejection> {
-        let Some(value) = self.0.value(d)? else {
+        let Some(value) = self.0.value(d, Role::Key)? else {
             return Ok(None);
         };
-        let key =
-            match value {
-                Value::Header(text) => IdempotencyKey::from_wire(text.as_bytes())
-                    .map_err(|e| invalid_key(&self.0, &e))?,
-                Value::Body(text) => IdempotencyKey::new(&*text)
-                    .or_else(|_| {
-                        IdempotencyKey::new(format!(
-                            "sha256:{}",
-                            hex::encode(Sha256::digest(text.as_bytes()))
-                        ))
-                    })
-                    .map_err(|e| invalid_key(&self.0, &e))?,
-                Value::Hashed(digest) => IdempotencyKey::new(hex::encode(digest))
-                    .map_err(|e| invalid_key(&self.0, &e))?,
-            };
+        let key = match value {
+            Value::Key(key) => key,
+            Value::Text(text) => IdempotencyKey::new(&*text).unwrap_or_else(|_| {
+                let hashed = format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes())));
+                IdempotencyKey::new(hashed)
+                    .expect("`sha256:` and 64 hex digits are 71 visible ASCII characters")
+            }),
+            Value::Hashed(digest) => {
+                IdempotencyKey::new(hex::encode(digest)).expect("64 hex digits are a valid key")
+            }
+        };
         Ok(Some(key))
     }
 }
@@ -174,8 +184,8 @@ impl KeySource {
 impl ScopeSource {
     /// The value of header `name`.
     #[must_use]
-    pub fn header(name: HeaderName) -> Self {
-        Self(Field::Header(name))
+    pub fn header(name: impl Into<HeaderName>) -> Self {
+        Self(Field::Header(name.into()))
     }
 
     /// The value at a JSON pointer into the body (see [`KeySource::json_pointer`]).
@@ -199,17 +209,15 @@ impl ScopeSource {
     /// The scope of a delivery, or `None` when the source finds no value.
     ///
     /// # Errors
-    /// [`Rejection`] when a header is not visible ASCII, or a JSON field is needed
-    /// and the body is not JSON, or the field is an object, array or boolean.
+    /// [`Rejection`] (`invalid-scope`) when a header is sent twice or empty, or a JSON
+    /// field is needed and the body is not JSON, or the field is an object, array or
+    /// boolean.
     pub fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<String>, Rejection> {
         self.extract_in(&Input::new(headers, body))
     }
 
     pub(crate) fn extract_in(&self, d: &Input<'_>) -> Result<Option<String>, Rejection> {
-        Ok(self.0.value(d)?.map(|v| match v {
-            Value::Header(t) | Value::Body(t) => t.into_owned(),
-            Value::Hashed(digest) => hex::encode(digest),
-        }))
+        Ok(self.0.value(d, Role::Scope)?.map(|v| v.text().into_owned()))
     }
 }
 
@@ -268,25 +276,43 @@ impl<'a> Input<'a> {
         }
     }
 
-    fn doc(&self) -> Result<&'a RawValue, Rejection> {
+    fn doc(&self) -> Result<&'a RawValue, String> {
         self.doc
             .get_or_init(|| pointer::parse_document(self.body).map_err(|e| e.to_string()))
             .clone()
-            .map_err(|e| not_json(&e))
     }
 }
 
 enum Value<'a> {
-    Header(Cow<'a, str>),
-    Body(Cow<'a, str>),
+    /// A key header, read as a key.
+    Key(IdempotencyKey),
+    /// A scope header, a JSON field or a constant.
+    Text(Cow<'a, str>),
     Hashed([u8; 32]),
 }
 
 impl Value<'_> {
     fn text(&self) -> Cow<'_, str> {
         match self {
-            Value::Header(t) | Value::Body(t) => Cow::Borrowed(t),
+            Value::Key(k) => Cow::Borrowed(k.as_str()),
+            Value::Text(t) => Cow::Borrowed(t),
             Value::Hashed(d) => Cow::Owned(hex::encode(d)),
+        }
+    }
+}
+
+impl Role {
+    fn reject(self, why: fmt::Arguments<'_>) -> Rejection {
+        match self {
+            Role::Key => Rejection::invalid_key(why),
+            Role::Scope => Rejection::invalid_scope(why),
+        }
+    }
+
+    fn reads(self) -> &'static str {
+        match self {
+            Role::Key => "identify",
+            Role::Scope => "scope",
         }
     }
 }
@@ -302,32 +328,38 @@ impl Field {
         }
     }
 
-    fn value<'a>(&self, d: &Input<'a>) -> Result<Option<Value<'a>>, Rejection> {
+    fn value<'a>(&self, d: &Input<'a>, role: Role) -> Result<Option<Value<'a>>, Rejection> {
         match self {
-            Field::Header(name) => {
-                let Some(v) = d.headers.get(name) else {
-                    return Ok(None);
-                };
-                let text = v.to_str().map_err(|_| invalid_header(name))?;
-                let text = text.trim();
-                Ok((!text.is_empty()).then_some(Value::Header(Cow::Borrowed(text))))
-            }
+            Field::Header(name) => match role {
+                Role::Key => Ok(header::key(d.headers, name)?.map(Value::Key)),
+                Role::Scope => Ok(header::scope(d.headers, name)?.map(Value::Text)),
+            },
             Field::Pointer(p) => {
-                let doc = d.doc()?;
+                let doc =
+                    d.doc().map_err(|e| {
+                        role.reject(format_args!(
+                        "the body is not JSON ({e}), so the delivery's {} cannot be read from it",
+                        if matches!(role, Role::Key) { "id" } else { "scope" }
+                    ))
+                    })?;
                 let Some(found) = p.find(doc) else {
                     return Ok(None);
                 };
                 match pointer::scalar(found) {
                     Scalar::Text(t) if t.is_empty() => Ok(None),
-                    Scalar::Text(t) => Ok(Some(Value::Body(t))),
+                    Scalar::Text(t) => Ok(Some(Value::Text(t))),
                     Scalar::Null => Ok(None),
-                    Scalar::Other(kind) => Err(not_an_id(p.as_str(), kind)),
+                    Scalar::Other(kind) => Err(role.reject(format_args!(
+                        "JSON field `{}` is an {kind}, not a string or number, so it cannot {} the delivery",
+                        p.as_str(),
+                        role.reads()
+                    ))),
                 }
             }
-            Field::Constant(c) => Ok(Some(Value::Body(Cow::Owned(c.to_string())))),
+            Field::Constant(c) => Ok(Some(Value::Text(Cow::Owned(c.to_string())))),
             Field::FirstOf(fields) => {
                 for f in fields {
-                    if let Some(v) = f.value(d)? {
+                    if let Some(v) = f.value(d, role)? {
                         return Ok(Some(v));
                     }
                 }
@@ -337,7 +369,7 @@ impl Field {
                 let mut h = Sha256::new();
                 h.update(b"idemkey/webhook-composite/v1\0");
                 for part in parts {
-                    let Some(v) = part.value(d)? else {
+                    let Some(v) = part.value(d, role)? else {
                         return Ok(None);
                     };
                     crate::framing::field(&mut h, v.text().as_bytes());
@@ -373,30 +405,6 @@ impl fmt::Display for Field {
     }
 }
 
-fn invalid_key(source: &Field, error: &InvalidKey) -> Rejection {
-    Rejection::invalid_key(format_args!(
-        "the id in {source} is not a valid idempotency key: {error}"
-    ))
-}
-
-fn invalid_header(name: &HeaderName) -> Rejection {
-    Rejection::invalid_key(format_args!(
-        "header `{name}` is not visible ASCII, so it cannot identify the delivery"
-    ))
-}
-
-fn not_json(e: &str) -> Rejection {
-    Rejection::invalid_key(format_args!(
-        "the body is not JSON ({e}), so the delivery's id cannot be read from it"
-    ))
-}
-
-fn not_an_id(pointer: &str, found: &str) -> Rejection {
-    Rejection::invalid_key(format_args!(
-        "JSON field `{pointer}` is an {found}, not a string or number, so it cannot identify the delivery"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,7 +435,19 @@ mod tests {
             key(&s, &headers(&[("idempotency-key", "\"abc\"")]), ""),
             Some("abc".into())
         );
-        assert_eq!(key(&s, &headers(&[("idempotency-key", "  ")]), ""), None);
+        for empty in ["", "  "] {
+            let e = s
+                .extract(&headers(&[("idempotency-key", empty)]), b"")
+                .expect_err("an empty key header is malformed, as for the layer");
+            assert_eq!(e.problem_type(), "invalid-key", "{empty:?}");
+        }
+        let twice = s
+            .extract(
+                &headers(&[("idempotency-key", "a"), ("idempotency-key", "a")]),
+                b"",
+            )
+            .expect_err("sent twice, as for the layer");
+        assert_eq!(twice.problem_type(), "invalid-key");
         assert_eq!(key(&s, &HeaderMap::new(), "not json is fine"), None);
         let bad = s
             .extract(&headers(&[("idempotency-key", "a b")]), b"")
@@ -531,5 +551,82 @@ mod tests {
             Some("acct_1")
         );
         assert_eq!(p.extract(&HeaderMap::new(), br#"{}"#).expect("ok"), None);
+    }
+
+    /// The layer's extractors and the webhook sources are one family: every header,
+    /// however malformed, gets the same answer from both.
+    #[test]
+    fn header_extractors_and_sources_read_headers_alike() {
+        use crate::protocol::Problem;
+        use crate::server::extract::{HeaderKey, HeaderScope};
+        let name = HeaderName::from_static("x-id");
+        let cases: [&[&[u8]]; 10] = [
+            &[],
+            &[b"k-1"],
+            &[b" k-1\t"],
+            &[b"\"k-1\""],
+            &[b""],
+            &[b"  "],
+            &[b"a", b"b"],
+            &[b"k", b"k"],
+            &[b"a b"],
+            &[b"caf\xc3\xa9"],
+        ];
+        let answer = |r: Result<Option<String>, Rejection>| -> Result<Option<String>, Problem> {
+            r.map_err(|e| e.problem())
+        };
+        for values in cases {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(
+                    &name,
+                    http::HeaderValue::from_bytes(v).expect("valid test value"),
+                );
+            }
+            let (parts, ()) = {
+                let mut req = http::Request::new(());
+                *req.headers_mut() = h.clone();
+                req.into_parts()
+            };
+            let body = Bytes::new();
+            let layer_key = HeaderKey::new(name.clone())
+                .extract_key(&parts, &body)
+                .map(|k| k.map(|k| k.to_string()));
+            let source_key = KeySource::header(name.clone())
+                .extract(&h, b"")
+                .map(|k| k.map(|k| k.to_string()));
+            assert_eq!(answer(layer_key), answer(source_key), "key {values:?}");
+
+            let layer_scope = HeaderScope::new(name.clone()).extract_scope(&parts, &body);
+            let source_scope = ScopeSource::header(name.clone())
+                .extract(&h, b"")
+                .map(Option::unwrap_or_default);
+            assert_eq!(
+                answer(layer_scope.map(Some)),
+                answer(source_scope.map(Some)),
+                "scope {values:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_scope_header_of_opaque_bytes_is_a_scope_of_its_own() {
+        let s = ScopeSource::header(HeaderName::from_static("x-shop"));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-shop",
+            http::HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
+        );
+        let opaque = s.extract(&h, b"").expect("accepted").expect("a scope");
+        assert!(opaque.starts_with('\0'), "{opaque:?}");
+        let text = s
+            .extract(&headers(&[("x-shop", "caf")]), b"")
+            .expect("accepted");
+        assert_ne!(Some(opaque), text);
+        for bad in [vec![("x-shop", "")], vec![("x-shop", "a"), ("x-shop", "b")]] {
+            let e = s.extract(&headers(&bad), b"").expect_err("malformed");
+            assert_eq!(e.problem_type(), "invalid-scope", "{bad:?}");
+            assert_eq!(e.status(), http::StatusCode::BAD_REQUEST);
+        }
     }
 }

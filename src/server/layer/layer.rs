@@ -1,0 +1,309 @@
+//! [`IdempotencyLayer`]: the verifier's configuration, applied to a service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderName, StatusCode, header};
+use tower_layer::Layer;
+
+use super::service::Idempotency;
+use crate::IdempotencyKey;
+use crate::fingerprint::Fingerprinter;
+use crate::protocol::Problem;
+use crate::protocol::problem::KEY_REUSED_STRIPE_STATUS;
+use crate::protocol::status::is_safe;
+use crate::server::engine::Engine;
+use crate::server::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
+use crate::server::policy::OutcomePolicy;
+use crate::server::rejection::Rejection;
+
+/// Default limit of a buffered request body: 2 MiB, like axum's.
+pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+/// Default limit of a stored response body: 1 MiB.
+pub const DEFAULT_STORED_RESPONSE_LIMIT: usize = 1024 * 1024;
+
+/// Whether a request must carry a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRequirement {
+    /// No key: `400 missing-key`.
+    Required,
+    /// No key: the handler runs unguarded, like a request without the layer.
+    Optional,
+    /// The layer steps aside: the body is not buffered, no key is looked for.
+    Off,
+}
+
+impl KeyRequirement {
+    /// The key a request goes on with: `Ok(None)` runs it unguarded; a required key that
+    /// `extractor` did not find is `400 missing-key`, naming where it looks.
+    pub(crate) fn apply(
+        self,
+        found: Option<IdempotencyKey>,
+        extractor: &dyn ExtractKey,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        match found {
+            None if self == Self::Required => Err(Rejection::missing_key(&extractor.describe())),
+            found => Ok(found),
+        }
+    }
+}
+
+pub(super) type RequirementFn = dyn Fn(&Parts) -> KeyRequirement + Send + Sync;
+
+/// What every request through one layer shares.
+#[derive(Clone)]
+pub(super) struct Config {
+    pub(super) engine: Engine,
+    pub(super) key: Arc<dyn ExtractKey>,
+    pub(super) scope: Arc<dyn ExtractScope>,
+    pub(super) requirement: Arc<RequirementFn>,
+    pub(super) fingerprinter: Fingerprinter,
+    pub(super) policy: OutcomePolicy,
+    pub(super) body_limit: usize,
+    pub(super) stored_response_limit: usize,
+    pub(super) deny: Vec<HeaderName>,
+    pub(super) retention: Option<Duration>,
+    pub(super) key_reused_status: StatusCode,
+}
+
+/// Applies the verifier to a service: every keyed request runs at most once; retries get
+/// the stored response.
+///
+/// Per request, the layer:
+///
+/// 1. decides whether a key is required ([`IdempotencyLayer::require`]; by default
+///    required on every method but `GET`, `HEAD`, `OPTIONS` and `TRACE`, on which the
+///    layer steps aside),
+/// 2. buffers the body up to [`IdempotencyLayer::body_limit`] (`413` beyond),
+/// 3. extracts the key ([`ExtractKey`]; `400 missing-key` / `400 invalid-key`) and the
+///    scope ([`ExtractScope`]), fingerprints the request ([`Fingerprinter`]),
+/// 4. claims the key: a completed key is replayed (same status, headers and body bytes,
+///    plus `Idempotent-Replayed: true`), a key of another request gets `422`, a running
+///    one `409` with `Retry-After`, a failing store `503` with `Retry-After`,
+/// 5. runs the inner service while renewing the lease, in place; if the caller goes
+///    away (hyper drops the response future), the rest moves **to a spawned task**, so
+///    a client that disconnects does not cancel the handler: its response is still
+///    recorded and the retry receives the replay,
+/// 6. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
+///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
+///
+/// The inner service receives [`RequestBody`](crate::server::RequestBody) (the buffered
+/// bytes, or the untouched body where the layer stepped aside) and the caller receives
+/// [`ResponseBody`](crate::server::ResponseBody). Both implement `http_body::Body`, so
+/// the layer fits axum and plain hyper/tower alike.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idemkey::server::{Engine, IdempotencyLayer, HeaderScope};
+/// use idemkey::store::MemoryStore;
+///
+/// let verifier = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+///     .scope(HeaderScope::new(http::header::AUTHORIZATION));
+/// let app: Router = Router::new()
+///     .route("/v1/charges", post(|| async { "charged" }))
+///     .layer(verifier);
+/// # let _ = app;
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    cfg: Arc<Config>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("engine", &self.cfg.engine)
+            .field("fingerprinter", &self.cfg.fingerprinter)
+            .field("body_limit", &self.cfg.body_limit)
+            .field("stored_response_limit", &self.cfg.stored_response_limit)
+            .field("deny", &self.cfg.deny)
+            .field("retention", &self.cfg.retention)
+            .field("key_reused_status", &self.cfg.key_reused_status)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_requirement(parts: &Parts) -> KeyRequirement {
+    if is_safe(&parts.method) {
+        KeyRequirement::Off
+    } else {
+        KeyRequirement::Required
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `engine`, with the `Idempotency-Key` header, no scope, the default
+    /// fingerprint and outcome policy, keys required on unsafe methods, `422` on a
+    /// reused key.
+    #[must_use]
+    pub fn new(engine: Engine) -> Self {
+        Self {
+            cfg: Arc::new(Config {
+                engine,
+                key: Arc::new(HeaderKey::default()),
+                scope: Arc::new(Unscoped),
+                requirement: Arc::new(default_requirement),
+                fingerprinter: Fingerprinter::new(),
+                policy: OutcomePolicy::default(),
+                body_limit: DEFAULT_BODY_LIMIT,
+                stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
+                deny: vec![header::SET_COOKIE],
+                retention: None,
+                key_reused_status: Problem::KeyReused.default_status(),
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.cfg));
+        self
+    }
+
+    /// Where the key comes from (default: the `Idempotency-Key` header).
+    #[must_use]
+    pub fn key(self, extractor: impl ExtractKey) -> Self {
+        self.with(|c| c.key = Arc::new(extractor))
+    }
+
+    /// The key from header `name`: a [`KeyHeader`](crate::protocol::KeyHeader) (the
+    /// vendor variants, as the client's `ClientBuilder::key_header` takes them) or any
+    /// [`HeaderName`]. Short for `.key(HeaderKey::new(name))`.
+    ///
+    /// ```
+    /// use idemkey::protocol::KeyHeader;
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .key_header(KeyHeader::XIdempotencyKey);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn key_header(self, name: impl Into<HeaderName>) -> Self {
+        self.key(HeaderKey::new(name))
+    }
+
+    /// Where the scope comes from (default: one unscoped space).
+    #[must_use]
+    pub fn scope(self, extractor: impl ExtractScope) -> Self {
+        self.with(|c| c.scope = Arc::new(extractor))
+    }
+
+    /// Whether requests with unsafe methods must carry a key (default
+    /// [`KeyRequirement::Required`]); safe methods stay [`KeyRequirement::Off`].
+    #[must_use]
+    pub fn require(self, requirement: KeyRequirement) -> Self {
+        self.requirement_by(move |parts| {
+            if is_safe(&parts.method) {
+                KeyRequirement::Off
+            } else {
+                requirement
+            }
+        })
+    }
+
+    /// Decide the requirement per request (by path, method, header).
+    ///
+    /// ```
+    /// use idemkey::server::{Engine, IdempotencyLayer, KeyRequirement};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .requirement_by(|parts| match parts.uri.path() {
+    ///         p if p.starts_with("/v1/charges") => KeyRequirement::Required,
+    ///         "/v1/search" => KeyRequirement::Off,
+    ///         _ => KeyRequirement::Optional,
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn requirement_by(
+        self,
+        f: impl Fn(&Parts) -> KeyRequirement + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|c| c.requirement = Arc::new(f))
+    }
+
+    /// What makes two requests the same (default: method, path and query,
+    /// `Content-Type`, raw body).
+    ///
+    /// The path is the one this layer sees. Inside an axum `Router::nest`, axum strips
+    /// the prefix first, so a layer (and store) shared by two mounts of one router
+    /// (`/v1` and `/v2`) sees `POST /charges` for both: apply the layer outside the
+    /// `nest`, or give each mount its own scope, or the same key on the other mount
+    /// gets the first mount's response replayed.
+    #[must_use]
+    pub fn fingerprinter(self, fingerprinter: Fingerprinter) -> Self {
+        self.with(|c| c.fingerprinter = fingerprinter)
+    }
+
+    /// Which responses are stored (default: 2xx, 3xx and 4xx but 408 and 429).
+    #[must_use]
+    pub fn policy(self, policy: OutcomePolicy) -> Self {
+        self.with(|c| c.policy = policy)
+    }
+
+    /// The largest request body buffered (default 2 MiB); larger ones get `413`.
+    #[must_use]
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.with(|c| c.body_limit = bytes)
+    }
+
+    /// The largest response body stored (default 1 MiB). A larger response is still
+    /// sent to its caller; the key stays completed, and retries get
+    /// `410 response-not-stored` instead of a second execution.
+    #[must_use]
+    pub fn stored_response_limit(self, bytes: usize) -> Self {
+        self.with(|c| c.stored_response_limit = bytes)
+    }
+
+    /// Also leave header `name` out of stored responses (`Set-Cookie` is left out by
+    /// default; hop-by-hop headers always are).
+    #[must_use]
+    pub fn deny_header(self, name: HeaderName) -> Self {
+        self.with(|c| {
+            if !c.deny.contains(&name) {
+                c.deny.push(name);
+            }
+        })
+    }
+
+    /// Replace the deny-list (an empty list stores `Set-Cookie` too).
+    #[must_use]
+    pub fn deny_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.with(|c| c.deny = names.into_iter().collect())
+    }
+
+    /// Keep records of this layer for `retention` instead of the engine's default
+    /// (7 days for webhooks, say).
+    #[must_use]
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with(|c| c.retention = Some(retention))
+    }
+
+    /// The status of `key-reused` answers (default `422`).
+    #[must_use]
+    pub fn key_reused_status(self, status: StatusCode) -> Self {
+        self.with(|c| c.key_reused_status = status)
+    }
+
+    /// Stripe-compatible mode: a key reused with a different request gets `400`
+    /// instead of `422`.
+    #[must_use]
+    pub fn stripe_compatible(self) -> Self {
+        self.key_reused_status(KEY_REUSED_STRIPE_STATUS)
+    }
+
+    /// The engine this layer runs on.
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.cfg.engine
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, self.cfg.clone())
+    }
+}

@@ -1,0 +1,117 @@
+//! Responses as records: what is kept of a handler's response, and the response a
+//! record replays (the binary layout is [`record`](super::record)'s).
+
+use bytes::Bytes;
+use http::response::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
+
+use super::body::ResponseBody;
+use super::record::Record;
+use super::rejection::Rejection;
+use crate::protocol::headers::IDEMPOTENT_REPLAYED;
+
+/// Hop-by-hop headers (RFC 9110 7.6.1) and the length/encoding framing that the server
+/// recomputes; never stored.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// The record of a response whose body was read whole: its status, its headers minus
+/// hop-by-hop ones, `Content-Length` and those in `deny`, and its body.
+pub(crate) fn record(parts: &Parts, body: Bytes, deny: &[HeaderName]) -> Record {
+    Record::Response {
+        status: parts.status,
+        headers: storable_headers(&parts.headers, deny),
+        body,
+    }
+}
+
+/// The record of a response too large to keep: its status, and that it was at least
+/// `size_at_least` bytes long.
+pub(crate) fn record_too_large(parts: &Parts, size_at_least: u64) -> Record {
+    Record::TooLarge {
+        status: parts.status,
+        size_at_least,
+    }
+}
+
+fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
+    let named_by_connection: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let drop = HOP_BY_HOP.contains(name)
+            || name == header::CONTENT_LENGTH
+            || deny.contains(name)
+            || named_by_connection.iter().any(|n| n == name.as_str());
+        if !drop {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// The answer to a retry of a completed request: the stored response with
+/// `Idempotent-Replayed: true`, or the problem that stands for it (a response that was
+/// too large to keep under `limit`, a record that cannot be read).
+pub(crate) fn replay(payload: Bytes, limit: usize) -> Response<ResponseBody> {
+    match Record::decode(payload) {
+        Ok(Record::Response {
+            status,
+            headers,
+            body,
+        }) => {
+            let mut resp = Response::new(ResponseBody::full(body));
+            *resp.status_mut() = status;
+            *resp.headers_mut() = headers;
+            resp.headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            resp
+        }
+        Ok(Record::TooLarge { size_at_least, .. }) => {
+            Rejection::response_not_stored(size_at_least, limit).into_response()
+        }
+        Ok(Record::Value(_)) => {
+            Rejection::record_unreadable("the record holds a function result, not a response")
+                .into_response()
+        }
+        Err(why) => Rejection::record_unreadable(why).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_framing_and_denied_headers_are_not_stored() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "close, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "12"),
+            ("x-private", "named by Connection"),
+            ("set-cookie", "s=1"),
+            ("x-request-id", "r-1"),
+            ("content-type", "application/json"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let kept = storable_headers(&h, &[header::SET_COOKIE]);
+        let names: Vec<_> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-request-id", "content-type"]);
+    }
+}
