@@ -72,6 +72,46 @@ async fn both_replay_spellings_are_recognised() {
     assert!(!response.idempotency().expect("keyed").replayed());
 }
 
+#[tokio::test]
+async fn the_verifier_marks_replays_in_either_spelling_and_the_client_reads_both() {
+    use idemkey::protocol::ReplayHeader;
+    use idemkey::testing::{Fault, FaultInjector};
+    for (spelling, other) in [
+        (None, "idempotency-replayed"),
+        (
+            Some(ReplayHeader::IdempotencyReplayed),
+            "idempotent-replayed",
+        ),
+    ] {
+        let mut layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
+        if let Some(spelling) = spelling {
+            layer = layer.replay_header(spelling);
+        }
+        let name = spelling.unwrap_or_default().name();
+        let app = ChargeApp::new();
+        let server = support::serve(app.router(layer)).await;
+        let lose_first = FaultInjector::new(|shot| {
+            if shot.key_attempt == 0 {
+                Fault::LoseResponse
+            } else {
+                Fault::None
+            }
+        });
+        let client = builder(3).with_inner(lose_first).build();
+        let response = client
+            .post(server.url("/v1/charges"))
+            .json(&serde_json::json!({"amount": 5}))
+            .send()
+            .await
+            .expect("the replay");
+        assert_eq!(response.headers()[&name], "true", "{name}");
+        assert!(!response.headers().contains_key(other), "only {name}");
+        let info = response.idempotency().expect("keyed");
+        assert_eq!((info.attempts(), info.replayed()), (2, true));
+        assert_eq!(app.executions().count(), 1);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn locked_is_in_progress_with_its_retry_after() {
     let locked = || {
