@@ -9,27 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemkey::IdempotencyKey;
-use idemkey::client::{
-    AnswerMatch, ClientBuilder, Error, RequestBuilderExt, ResponseExt, RetryBudget, VendorProfile,
-};
+use idemkey::client::{AnswerMatch, RequestBuilderExt, ResponseExt, RetryBudget, VendorProfile};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use reqwest_middleware::ClientWithMiddleware;
-use retry_policies::policies::ExponentialBackoff;
 use support::apps::ChargeApp;
+use support::client::{builder, ours};
 use support::gate::Gate;
 use support::recorder::{Recorder, Reply};
-
-/// Backoff of a few milliseconds, so that real waits stay tiny.
-fn fast(retries: u32) -> ExponentialBackoff {
-    ExponentialBackoff::builder()
-        .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
-        .build_with_max_retries(retries)
-}
-
-fn builder(retries: u32) -> ClientBuilder {
-    ClientBuilder::new(reqwest::Client::new()).retry_policy(fast(retries))
-}
 
 fn client(retries: u32) -> ClientWithMiddleware {
     builder(retries).build()
@@ -44,11 +31,6 @@ async fn post(
         .json(&serde_json::json!({"amount": 1000}))
         .send()
         .await
-}
-
-fn ours(err: reqwest_middleware::Error) -> Error {
-    Error::try_from_middleware(err)
-        .unwrap_or_else(|e| panic!("expected idemkey's error, got {e:?}"))
 }
 
 fn gap(server: &Recorder) -> Duration {

@@ -7,22 +7,13 @@ mod support;
 use std::time::Duration;
 
 use idemkey::IdempotencyKey;
-use idemkey::client::{
-    ClientBuilder, Error, KeyPlacement, RequestBuilderExt, ResponseExt, VendorProfile,
-};
+use idemkey::client::{KeyPlacement, RequestBuilderExt, ResponseExt, VendorProfile};
 use reqwest_middleware::ClientWithMiddleware;
-use retry_policies::policies::ExponentialBackoff;
+use support::client::{builder, ours};
 use support::recorder::{Recorder, Reply};
 
 fn client(profile: VendorProfile) -> ClientWithMiddleware {
-    ClientBuilder::new(reqwest::Client::new())
-        .retry_policy(
-            ExponentialBackoff::builder()
-                .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
-                .build_with_max_retries(3),
-        )
-        .profile(profile)
-        .build()
+    builder(3).profile(profile).build()
 }
 
 async fn post(
@@ -34,11 +25,6 @@ async fn post(
         .json(&serde_json::json!({"amount": 1000, "currency": "EUR"}))
         .send()
         .await
-}
-
-fn ours(err: reqwest_middleware::Error) -> Error {
-    Error::try_from_middleware(err)
-        .unwrap_or_else(|e| panic!("expected idemkey's error, got {e:?}"))
 }
 
 fn key_of(n: usize) -> IdempotencyKey {

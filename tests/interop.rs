@@ -18,15 +18,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idemkey::IdempotencyKey;
-use idemkey::client::{
-    AnswerMatch, ClientBuilder, Error, RequestBuilderExt, ResponseExt, VendorProfile,
-};
+use idemkey::client::{AnswerMatch, Error, RequestBuilderExt, ResponseExt, VendorProfile};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use idemkey::testing::{Fault, FaultProxy};
 use reqwest_middleware::ClientWithMiddleware;
-use retry_policies::policies::ExponentialBackoff;
 use support::apps::ChargeApp;
+use support::client::{builder, ours};
 use support::peers::{PythonVerifier, node_client};
 
 /// Loses the answer to the first attempt of every key, after the upstream processed it.
@@ -38,19 +36,6 @@ fn lose_first_answers() -> impl Fn(idemkey::testing::Shot) -> Fault + Send + Syn
             Fault::None
         }
     }
-}
-
-fn builder(retries: u32) -> ClientBuilder {
-    ClientBuilder::new(reqwest::Client::new()).retry_policy(
-        ExponentialBackoff::builder()
-            .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
-            .build_with_max_retries(retries),
-    )
-}
-
-fn ours(err: reqwest_middleware::Error) -> Error {
-    Error::try_from_middleware(err)
-        .unwrap_or_else(|e| panic!("expected idemkey's error, got {e:?}"))
 }
 
 async fn charge(

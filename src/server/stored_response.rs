@@ -94,6 +94,7 @@ pub(crate) fn replay(payload: Bytes, limit: usize, marker: ReplayHeader) -> Resp
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn hop_by_hop_framing_and_denied_headers_are_not_stored() {

@@ -4,6 +4,8 @@
 //! - here: connection strings of the shared stores, unique names for isolation, private
 //!   server processes that a test may kill (by pid), and [`serve`], the one loopback
 //!   server for an axum app;
+//! - [`client`]: a client with millisecond backoff, idemkey's typed error out of a
+//!   middleware error;
 //! - [`gate`]: the gate a handler waits at;
 //! - [`recorder`]: a server that records every request and answers from a script (the
 //!   client tests);
@@ -20,6 +22,7 @@
 
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
+pub(crate) mod client;
 pub(crate) mod gate;
 pub(crate) mod peers;
 pub(crate) mod recorder;
