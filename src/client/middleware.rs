@@ -54,8 +54,8 @@ impl IdempotencyKeyMiddleware {
     /// keys to its length limit. The profile's answer rules and hints are the retry
     /// loop's business: this middleware only attaches keys.
     #[must_use]
-    pub fn profile(mut self, profile: &VendorProfile) -> Self {
-        self.keys.set_profile(profile);
+    pub fn profile(mut self, profile: VendorProfile) -> Self {
+        self.keys.set_profile(&profile);
         self
     }
 
