@@ -299,6 +299,7 @@ pub struct InvalidKey {
     reason: Reason,
 }
 
+#[cfg(feature = "client")]
 impl InvalidKey {
     /// A key longer than a vendor accepts (`limit` bytes).
     pub(crate) fn over_vendor_limit(len: usize, limit: usize, vendor: &str) -> Self {
@@ -336,6 +337,7 @@ enum Reason {
         "the payload cannot be serialised to canonical JSON ({0}); derive the key from a JSON-serialisable value"
     )]
     Payload(String),
+    #[cfg(feature = "client")]
     #[error(
         "the key is {len} bytes long; {vendor} accepts at most {limit}: use a shorter key (a UUID has 36)"
     )]
@@ -344,6 +346,7 @@ enum Reason {
         limit: usize,
         vendor: String,
     },
+    #[cfg(feature = "client")]
     #[error("{0}")]
     Placement(String),
 }
