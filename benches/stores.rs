@@ -8,8 +8,8 @@
 //! - `<store>/fresh`: a new key per request (claim, handler, complete);
 //! - `<store>/replay`: one completed key (claim returns the stored reply).
 //!
-//! Needs Redis and PostgreSQL as the tests do (`IDEMKEY_REDIS_URL`,
-//! `IDEMKEY_POSTGRES_URL`). Run: `cargo bench --all-features --bench stores --
+//! Needs Redis, PostgreSQL and MariaDB (or MySQL) as the tests do (`IDEMKEY_REDIS_URL`,
+//! `IDEMKEY_POSTGRES_URL`, `IDEMKEY_MYSQL_URL`). Run: `cargo bench --all-features --bench stores --
 //! --warm-up-time 1 --measurement-time 3`.
 
 use std::net::SocketAddr;
@@ -20,7 +20,7 @@ use axum::Router;
 use axum::routing::post;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idemkey::server::{Engine, IdempotencyLayer};
-use idemkey::store::{MemoryStore, PostgresStore, RedisStore, SqliteStore, Store};
+use idemkey::store::{MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore, Store};
 
 const CONCURRENCY: usize = 16;
 
@@ -106,6 +106,22 @@ async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
         .await
         .expect("empty the bench table");
     admin.close().await;
+    let mysql_url = std::env::var("IDEMKEY_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let mysql = MySqlStore::builder(&mysql_url)
+        .table("idemkey_bench")
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the MySQL/MariaDB at {mysql_url} must be reachable: {e}"));
+    mysql.migrate().await.expect("create the bench table");
+    let admin = sqlx::MySqlPool::connect(&mysql_url)
+        .await
+        .unwrap_or_else(|e| panic!("the MySQL/MariaDB at {mysql_url} must be reachable: {e}"));
+    sqlx::raw_sql("TRUNCATE idemkey_bench")
+        .execute(&admin)
+        .await
+        .expect("empty the bench table");
+    admin.close().await;
     let dir = std::env::temp_dir().join(format!("idemkey-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
     let sqlite = SqliteStore::open(dir.join("bench.db"))
@@ -116,6 +132,7 @@ async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
         ("sqlite", Arc::new(sqlite)),
         ("redis", Arc::new(redis)),
         ("postgres", Arc::new(pg)),
+        ("mysql", Arc::new(mysql)),
     ]
 }
 

@@ -34,8 +34,9 @@ mod charge_app;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: charge_server --addr IP:PORT [--store URL]
-  stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB
-  (each needs its idemkey feature: sqlite, redis, postgres; e.g. --all-features)";
+  stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB,
+          mysql://USER@HOST:PORT/DB, dynamodb://TABLE?region=REGION
+  (each needs its idemkey feature: sqlite, redis, postgres, mysql, dynamodb; e.g. --all-features)";
 
 struct Args {
     addr: SocketAddr,
@@ -81,7 +82,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // PostgreSQL and SQLite keep expired records until swept.
+    // PostgreSQL, MySQL and SQLite keep expired records until swept.
     let _sweeper =
         idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
     let app = ChargeApp::new().router(IdempotencyLayer::new(Engine::new(store)));

@@ -28,8 +28,9 @@
 //! - `client` (default): the `client` module, over `reqwest` and `reqwest-middleware`.
 //! - `server` (default): the `server`, `store` and `fingerprint` modules, with the
 //!   in-memory store.
-//! - `redis`, `postgres`, `sqlite`: the shared and durable stores (`RedisStore`,
-//!   `PostgresStore`, `SqliteStore`); each implies `server`.
+//! - `redis`, `postgres`, `sqlite`, `mysql`, `dynamodb`: the shared and durable stores
+//!   (`RedisStore`, `PostgresStore`, `SqliteStore`, `MySqlStore`, `DynamoStore`); each
+//!   implies `server`.
 //! - `test-util`: the `testing` module (test server, fault injector, the store
 //!   conformance suite); implies `client` and `server`.
 //!

@@ -165,7 +165,7 @@ async fn charge_server_on_memory_forgets_on_restart() {
 #[tokio::test]
 async fn charge_server_rejects_unknown_stores() {
     let out = Command::new(charge_server_binary())
-        .args(["--addr", "127.0.0.1:0", "--store", "mysql://db/app"])
+        .args(["--addr", "127.0.0.1:0", "--store", "oracle://db/app"])
         .output()
         .expect("run charge_server");
     assert!(!out.status.success());

@@ -67,6 +67,19 @@ impl ChargeApp {
         &self.executions
     }
 
+    /// The same routes without the verifier: the baseline a load test compares the
+    /// verifier against (`examples/load.rs`).
+    #[allow(
+        dead_code,
+        reason = "only the load program compares against the bare app"
+    )]
+    pub(crate) fn bare_router(&self) -> Router {
+        Router::new()
+            .route("/v1/charges", post(create))
+            .route("/stats", get(stats))
+            .with_state(self.clone())
+    }
+
     /// The axum router: `POST /v1/charges` behind `layer`, its scope set to the
     /// `Authorization` header; `GET /stats`.
     pub(crate) fn router(&self, layer: IdempotencyLayer) -> Router {

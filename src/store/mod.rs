@@ -40,15 +40,21 @@
 //!
 //! Stores: [`MemoryStore`] (embedded, the default); `SqliteStore` (feature `sqlite`,
 //! embedded and durable); `RedisStore` (feature `redis`, shared); `PostgresStore`
-//! (feature `postgres`, shared and durable). [`open`] picks one by connection string.
+//! (feature `postgres`, shared and durable); `MySqlStore` (feature `mysql`, shared and
+//! durable, MySQL or MariaDB); `DynamoStore` (feature `dynamodb`, shared, on Amazon
+//! DynamoDB). [`open`] picks one by connection string.
 
+#[cfg(feature = "dynamodb")]
+mod dynamodb;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod open;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -61,7 +67,14 @@ use bytes::Bytes;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+/// The AWS SDK crate whose client [`DynamoStore::builder`] takes (feature `dynamodb`).
+#[cfg(feature = "dynamodb")]
+pub use aws_sdk_dynamodb;
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::{DynamoStore, DynamoStoreBuilder};
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlStore, MySqlStoreBuilder};
 pub use open::{OpenError, open};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};

@@ -13,6 +13,8 @@ use super::{MemoryStore, Store, StoreError};
 /// | `redis://[:password@]host[:port][/db]`, `rediss://...` | `RedisStore` | `redis` |
 /// | `postgres://user[:password]@host[:port]/database` (or `postgresql://`) | `PostgresStore` | `postgres` |
 /// | `sqlite://PATH` (`sqlite:///abs/path` or `sqlite://relative/path`) | `SqliteStore` | `sqlite` |
+/// | `mysql://user[:password]@host[:port]/database` (or `mariadb://`) | `MySqlStore` | `mysql` |
+/// | `dynamodb://[KEY_ID:SECRET@]TABLE?region=REGION[&endpoint=URL]` | `DynamoStore` (table created if missing; see `DynamoStore::from_url` for credentials) | `dynamodb` |
 ///
 /// Each store is built with its defaults; use its builder (key prefix, table name, pool
 /// size, timeouts) for anything else.
@@ -21,7 +23,7 @@ use super::{MemoryStore, Store, StoreError};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idemkey::store::OpenError> {
 /// let store = idemkey::store::open("memory").await?;
 /// # let _ = store;
-/// let err = idemkey::store::open("mysql://db/app").await.err().expect("no MySQL store");
+/// let err = idemkey::store::open("oracle://db/app").await.err().expect("no Oracle store");
 /// assert!(err.is_unsupported());
 /// # Ok(()) }
 /// ```
@@ -38,8 +40,11 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
         "redis" | "rediss" => open_redis(url).await,
         "postgres" | "postgresql" => open_postgres(url).await,
         "sqlite" => open_sqlite(url).await,
+        "mysql" | "mariadb" => open_mysql(url).await,
+        "dynamodb" => open_dynamodb(url).await,
         _ => Err(OpenError::unsupported(format!(
-            "unknown store URL scheme {scheme:?}: use memory, redis://, postgres:// or sqlite://PATH"
+            "unknown store URL scheme {scheme:?}: use memory, redis://, postgres://, \
+             sqlite://PATH, mysql:// or dynamodb://TABLE"
         ))),
     }
 }
@@ -82,6 +87,30 @@ async fn open_sqlite(url: &str) -> Result<Arc<dyn Store>, OpenError> {
     Err(OpenError::missing_feature(url, "sqlite"))
 }
 
+#[cfg(feature = "mysql")]
+async fn open_mysql(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let store = super::MySqlStore::connect(url).await?;
+    store.migrate().await?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn open_mysql(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::missing_feature(url, "mysql"))
+}
+
+#[cfg(feature = "dynamodb")]
+async fn open_dynamodb(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let store = super::DynamoStore::from_url(url)?;
+    store.create_table().await?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "dynamodb"))]
+async fn open_dynamodb(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::missing_feature(url, "dynamodb"))
+}
+
 /// Why [`open`] could not open a store.
 #[derive(Debug)]
 pub struct OpenError {
@@ -102,7 +131,13 @@ impl OpenError {
     }
 
     #[cfg_attr(
-        all(feature = "redis", feature = "postgres", feature = "sqlite"),
+        all(
+            feature = "redis",
+            feature = "postgres",
+            feature = "sqlite",
+            feature = "mysql",
+            feature = "dynamodb"
+        ),
         allow(dead_code)
     )]
     fn missing_feature(url: &str, feature: &str) -> Self {
@@ -158,7 +193,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_and_empty_urls_are_unsupported() {
-        for url in ["mysql://x/y", "", "file:///tmp/x"] {
+        for url in ["oracle://x/y", "", "file:///tmp/x"] {
             let err = open(url).await.err().expect("unsupported");
             assert!(err.is_unsupported(), "{url}: {err}");
         }

@@ -1,5 +1,5 @@
-//! What the SQL stores (PostgreSQL, SQLite) share: the default table, table names,
-//! the claim's `SET` list, decoding rows, and the outcome of a fenced write.
+//! What the SQL stores (PostgreSQL, SQLite, MySQL) share: the default table, table
+//! names, the claim's `SET` list, decoding rows, and the outcome of a fenced write.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -15,6 +15,7 @@ pub(crate) const DEFAULT_TABLE: &str = "idemkey_records";
 /// The columns the previous schema lacked, added in place by the stores' schema
 /// upgrade: the claim's time and the claim's retention (how long an abandoned claim is
 /// kept past its lease).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) const ADDED_COLUMNS: [&str; 2] = ["created", "retention"];
 
 /// A validated table name, optionally schema-qualified, kept quoted for SQL.
@@ -22,6 +23,7 @@ pub(crate) const ADDED_COLUMNS: [&str; 2] = ["created", "retention"];
 pub(crate) struct TableName {
     quoted: String,
     /// The unqualified name, for naming the table's index.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     base: String,
 }
 
@@ -63,7 +65,14 @@ impl TableName {
         &self.quoted
     }
 
+    /// The name quoted for MySQL: `` `table` `` or `` `schema`.`table` ``.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn backquoted(&self) -> String {
+        self.quoted().replace('"', "`")
+    }
+
     /// `"<table>_<suffix>"`, unqualified (an index lives in its table's schema).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn index_name(&self, suffix: &str) -> String {
         format!("\"{}_{suffix}\"", self.base)
     }
@@ -84,6 +93,7 @@ impl TableName {
 /// claim's value when the existing row has `expired`, and keeps its own otherwise, so the
 /// statement returns the live row unchanged (see the PostgreSQL store's docs).
 /// `old` qualifies the existing row's columns (`r.` or empty).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn claim_sets(expired: &str, old: &str) -> String {
     [
         ("taken_over", format!("{old}payload IS NULL")),
@@ -98,6 +108,19 @@ pub(crate) fn claim_sets(expired: &str, old: &str) -> String {
     .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {old}{col} END"))
     .collect::<Vec<_>>()
     .join(",\n  ")
+}
+
+/// Like [`claim_sets`], for any columns, in the order given: each `(column, new)` takes
+/// `new` when the existing row has `expired` and keeps its own value otherwise. MySQL
+/// evaluates the assignments of one `UPDATE` left to right, each seeing the ones
+/// before, so the columns that `expired` reads go last.
+#[cfg(feature = "mysql")]
+pub(crate) fn takeover_sets(expired: &str, columns: &[(&str, &str)]) -> String {
+    columns
+        .iter()
+        .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {col} END"))
+        .collect::<Vec<_>>()
+        .join(",\n  ")
 }
 
 /// Reads the row returned by the claim statement: columns `won`, `taken_over`,

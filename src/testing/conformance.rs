@@ -1,6 +1,7 @@
 //! The store conformance suite: the [store contract](crate::store) as executable checks.
 //!
-//! Every store in this crate (memory, SQLite, Redis, PostgreSQL) runs this suite in CI.
+//! Every store in this crate (memory, SQLite, Redis, PostgreSQL, MySQL/MariaDB,
+//! DynamoDB) runs this suite in CI.
 //! A third-party [`Store`] runs it from its own tests with [`run`], giving a factory that
 //! makes a store (or hands out the same one: every check uses record ids of its own, so a
 //! shared store is fine):

@@ -24,6 +24,7 @@
 pub(crate) mod apps;
 pub(crate) mod client;
 pub(crate) mod gate;
+pub(crate) mod moto;
 pub(crate) mod peers;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
@@ -44,6 +45,12 @@ pub(crate) fn redis_url() -> String {
 pub(crate) fn postgres_url() -> String {
     std::env::var("IDEMKEY_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// The shared MySQL or MariaDB (`IDEMKEY_MYSQL_URL`, default
+/// `mysql://root@127.0.0.1:3306/test`).
+pub(crate) fn mysql_url() -> String {
+    std::env::var("IDEMKEY_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 /// A name no other test (or run) uses: `<base>_<random hex>`.
@@ -447,6 +454,149 @@ impl PreviousRows {
             }
         );
     }
+}
+
+/// A MySQL store on the shared server with its own table (created).
+#[cfg(feature = "mysql")]
+pub(crate) async fn mysql_store(table: &str) -> idemkey::store::MySqlStore {
+    let url = mysql_url();
+    let store = idemkey::store::MySqlStore::builder(&url)
+        .table(table)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the MySQL/MariaDB at {url} must be reachable: {e}"));
+    store.migrate().await.expect("create the test table");
+    store
+}
+
+/// A pool of its own on the MySQL/MariaDB at `url`, for what a test reads or changes
+/// beside the store (the store keeps its pool to itself).
+#[cfg(feature = "mysql")]
+pub(crate) async fn mysql_admin(url: &str) -> sqlx::MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("the MySQL/MariaDB at {url} must be reachable: {e}"))
+}
+
+/// Drops a test table made by [`mysql_store`].
+#[cfg(feature = "mysql")]
+pub(crate) async fn drop_mysql_table(table: &str) {
+    let admin = mysql_admin(&mysql_url()).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS `{table}`"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the test table");
+    admin.close().await;
+}
+
+/// A private MariaDB (its own data directory, no grant tables, no binary log) on a free
+/// port, killed by its process id on drop: for tests that count the server's statements.
+pub(crate) struct MariaDbServer {
+    port: u16,
+    child: Child,
+    _dir: TempDir,
+}
+
+impl MariaDbServer {
+    /// Initialises a data directory (`mariadb-install-db`) and starts `mariadbd` on it.
+    pub(crate) fn start() -> Self {
+        let dir = TempDir::new("idemkey-mariadb");
+        let data = dir.path().join("data");
+        let out = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args([
+                "--user=root",
+                "--skip-test-db",
+                "--auth-root-authentication-method=normal",
+            ])
+            .output()
+            .expect("run mariadb-install-db (is MariaDB installed?)");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let mut child = Command::new("mariadbd")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--socket={}", dir.path().join("sock").display()))
+            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
+            .args([
+                &format!("--port={port}"),
+                "--bind-address=127.0.0.1",
+                "--user=root",
+            ])
+            .args([
+                "--skip-grant-tables",
+                "--skip-log-bin",
+                "--innodb-buffer-pool-size=16M",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mariadbd");
+        for _ in 0..400 {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Self {
+                    port,
+                    child,
+                    _dir: dir,
+                };
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the private mariadbd exited at start: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let _ = child.kill();
+        panic!("the private mariadbd did not listen on 127.0.0.1:{port} within 10 s");
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/mysql`.
+    pub(crate) fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/mysql", self.port)
+    }
+}
+
+impl Drop for MariaDbServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A DynamoDB store with a table of its own (created) on `moto`'s server.
+#[cfg(feature = "dynamodb")]
+pub(crate) async fn dynamo_store(
+    moto: &moto::MotoServer,
+    table: &str,
+) -> idemkey::store::DynamoStore {
+    let store = idemkey::store::DynamoStore::builder(dynamo_client(moto))
+        .table(table)
+        .build()
+        .expect("a valid table name");
+    store
+        .create_table()
+        .await
+        .unwrap_or_else(|e| panic!("create table {table} on moto at {}: {e}", moto.url()));
+    store
+}
+
+/// An SDK client for `moto`'s server (any credentials do).
+#[cfg(feature = "dynamodb")]
+pub(crate) fn dynamo_client(moto: &moto::MotoServer) -> idemkey::store::aws_sdk_dynamodb::Client {
+    use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
+    let config = idemkey::store::DynamoStore::sdk_config("us-east-1")
+        .endpoint_url(moto.url())
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .build();
+    Client::from_conf(config)
 }
 
 /// A private three-node Redis Cluster (no replicas, no persistence) on free ports,

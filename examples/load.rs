@@ -1,0 +1,302 @@
+//! Load program: the same charge handler with and without the verifier, measured in one
+//! run, alternating, so that a shared or noisy machine affects both alike.
+//!
+//! ```sh
+//! cargo run --release --example load -- [--seconds 5] [--rounds 3] [--connections 32] [--threads 2]
+//! ```
+//!
+//! It starts a server process of its own (this program with `--serve`) that serves the
+//! charge app of `examples/common/charge_app.rs` twice, on two ports: `POST /v1/charges`
+//! bare, and behind `IdempotencyLayer` over the memory store. Then it drives, for each
+//! round, three workloads of `--seconds` each over `--connections` keep-alive HTTP/1.1
+//! connections:
+//!
+//! - `bare`: the handler without the verifier;
+//! - `fresh`: the verifier, a new key per request (claim, run, store, every time);
+//! - `replay`: the verifier, one key per connection (the first request runs, every later
+//!   one is a replay).
+//!
+//! It prints requests per second per round and workload, then the ratios against
+//! `bare` of the same rounds (totals over all rounds), for example
+//! `fresh/bare 0.62  replay/bare 0.95`.
+#![allow(
+    clippy::print_stdout,
+    reason = "a command-line program prints its results"
+)]
+
+use std::net::SocketAddr;
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use idemkey::server::{Engine, IdempotencyLayer};
+use idemkey::store::MemoryStore;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+#[path = "common/charge_app.rs"]
+mod charge_app;
+use charge_app::ChargeApp;
+
+const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
+  measures the charge handler bare, behind the verifier with fresh keys, and with replays";
+
+const BODY: &[u8] = br#"{"amount":100}"#;
+
+#[derive(Debug, Clone, Copy)]
+struct Args {
+    seconds: u64,
+    rounds: u32,
+    connections: usize,
+    threads: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Bare,
+    Fresh,
+    Replay,
+}
+
+impl Workload {
+    const ALL: [Workload; 3] = [Workload::Bare, Workload::Fresh, Workload::Replay];
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Bare => "bare",
+            Workload::Fresh => "fresh",
+            Workload::Replay => "replay",
+        }
+    }
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let mut args = Args {
+        seconds: 5,
+        rounds: 3,
+        connections: 32,
+        threads: 2,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut number = |what: &str| -> Result<u64, String> {
+            let v = it.next().ok_or(format!("{what} needs a value; {USAGE}"))?;
+            v.parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or(format!("{what} {v}: use a positive whole number"))
+        };
+        match arg.as_str() {
+            "--seconds" => args.seconds = number("--seconds")?,
+            "--rounds" => args.rounds = u32::try_from(number("--rounds")?).unwrap_or(u32::MAX),
+            "--connections" => args.connections = number("--connections")? as usize,
+            "--threads" => args.threads = number("--threads")? as usize,
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unknown argument {other}; {USAGE}")),
+        }
+    }
+    Ok(Some(args))
+}
+
+fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--serve") {
+        return serve();
+    }
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads)
+        .enable_all()
+        .build();
+    match runtime
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(drive(args)))
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("load: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The server process: the bare app and the verified app on two free ports, printed as
+/// `BARE ADDR` and `VERIFIED ADDR` on stdout.
+fn serve() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = runtime.map_err(|e| e.to_string()).and_then(|rt| {
+        rt.block_on(async {
+            let app = ChargeApp::new();
+            let verified = app.router(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
+            let bare = app.bare_router();
+            let bare_listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| e.to_string())?;
+            let verified_listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| e.to_string())?;
+            let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
+            // The driver reads these two lines to know where to connect.
+            println!("BARE {}", addr(&bare_listener)?);
+            println!("VERIFIED {}", addr(&verified_listener)?);
+            let bare = tokio::spawn(async move { axum::serve(bare_listener, bare).await });
+            axum::serve(verified_listener, verified)
+                .await
+                .map_err(|e| e.to_string())?;
+            bare.abort();
+            Ok::<(), String>(())
+        })
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("load --serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn drive(args: Args) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut server = tokio::process::Command::new(exe)
+        .arg("--serve")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start the server process: {e}"))?;
+    let stdout = server
+        .stdout
+        .take()
+        .ok_or("the server process has no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut addr_of = async |label: &str| -> Result<SocketAddr, String> {
+        let line = lines
+            .next_line()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the server process exited before it was listening")?;
+        line.strip_prefix(label)
+            .and_then(|a| a.trim().parse().ok())
+            .ok_or(format!("unexpected line from the server process: {line}"))
+    };
+    let bare = addr_of("BARE").await?;
+    let verified = addr_of("VERIFIED").await?;
+    let seconds = Duration::from_secs(args.seconds);
+    println!(
+        "{} round(s) of {} s per workload, {} connections, {} client threads",
+        args.rounds, args.seconds, args.connections, args.threads
+    );
+    let mut totals = [0u64; 3];
+    for round in 1..=args.rounds {
+        for (i, workload) in Workload::ALL.into_iter().enumerate() {
+            let addr = if workload == Workload::Bare {
+                bare
+            } else {
+                verified
+            };
+            let done = run(workload, addr, args.connections, seconds, round).await?;
+            totals[i] += done;
+            println!(
+                "round {round} {:>6}: {:>9.0} req/s",
+                workload.name(),
+                done as f64 / seconds.as_secs_f64()
+            );
+        }
+    }
+    let ratio = |i: usize| totals[i] as f64 / totals[0].max(1) as f64;
+    println!("fresh/bare {:.2}  replay/bare {:.2}", ratio(1), ratio(2));
+    server.kill().await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Runs one workload for `length` over `connections` connections; returns the number of
+/// requests answered 200.
+async fn run(
+    workload: Workload,
+    addr: SocketAddr,
+    connections: usize,
+    length: Duration,
+    round: u32,
+) -> Result<u64, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(connections);
+    for conn in 0..connections {
+        let (stop, done) = (stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            connection(workload, addr, conn, round, &stop, &done).await
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(length).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    let elapsed = started.elapsed();
+    // Requests answered after the window closed are not counted against a longer time.
+    let n = done.load(Ordering::Relaxed);
+    Ok((n as f64 * length.as_secs_f64() / elapsed.as_secs_f64()) as u64)
+}
+
+async fn connection(
+    workload: Workload,
+    addr: SocketAddr,
+    conn: usize,
+    round: u32,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+) -> Result<(), String> {
+    let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let (mut sender, conn_task) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    let conn_task = tokio::spawn(conn_task);
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let key = match workload {
+            Workload::Bare | Workload::Fresh => format!("r{round}-c{conn}-{n}"),
+            Workload::Replay => format!("r{round}-c{conn}"),
+        };
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/charges")
+            .header(header::HOST, "127.0.0.1")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(BODY)))
+            .map_err(|e| e.to_string())?;
+        sender.ready().await.map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        resp.into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        if status != http::StatusCode::OK {
+            return Err(format!("{} answered {status}", workload.name()));
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+        n += 1;
+    }
+    drop(sender);
+    conn_task.abort();
+    Ok(())
+}
