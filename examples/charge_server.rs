@@ -9,6 +9,13 @@
 //! `--store` takes any connection string of `idemkey::store::open`; several servers
 //! given one Redis or PostgreSQL share their records.
 //!
+//! It does not wait forever for a client: a connection whose request head has not
+//! arrived within `--header-read-timeout-ms` (default 10 000) is closed, and a body
+//! that has not arrived within `--body-read-timeout-ms` (default 30 000) is answered
+//! `408 body-timeout` before its key is claimed (`examples/common/serve.rs`). On Ctrl-C
+//! it stops accepting, lets open requests finish, and waits (up to 10 s) for outcomes
+//! still being recorded after a store outage.
+//!
 //! - `POST /v1/charges` (key required; scope: the `Authorization` header, unscoped when
 //!   absent). Body JSON or form-encoded: `amount` (integer), optional `delay_ms` (sleeps
 //!   that long before answering) and `fail` (answers 500 without creating a charge).
@@ -26,26 +33,38 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use idemkey::server::{Engine, IdempotencyLayer};
 
 #[path = "common/charge_app.rs"]
 mod charge_app;
+#[path = "common/serve.rs"]
+mod serve;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: charge_server --addr IP:PORT [--store URL]
+                     [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]
   stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB,
           mysql://USER@HOST:PORT/DB, dynamodb://TABLE?region=REGION
-  (each needs its idemkey feature: sqlite, redis, postgres, mysql, dynamodb; e.g. --all-features)";
+  (each needs its idemkey feature: sqlite, redis, postgres, mysql, dynamodb; e.g. --all-features)
+  timeouts: 10000 ms for a request head, 30000 ms for a body, by default";
+
+/// How long a shutdown waits for outcomes still being recorded after a store outage.
+const RECORDINGS_DRAIN: Duration = Duration::from_secs(10);
 
 struct Args {
     addr: SocketAddr,
     store: String,
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut addr = None;
     let mut store = "memory".to_owned();
+    let mut header_read_timeout = serve::HEADER_READ_TIMEOUT;
+    let mut body_read_timeout = serve::BODY_READ_TIMEOUT;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value; {USAGE}"));
@@ -58,12 +77,19 @@ fn parse_args() -> Result<Args, String> {
                 );
             }
             "--store" => store = value()?,
+            "--header-read-timeout-ms" => header_read_timeout = serve::millis(&arg, &value()?)?,
+            "--body-read-timeout-ms" => body_read_timeout = serve::millis(&arg, &value()?)?,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
     }
     let addr = addr.ok_or(format!("--addr is required; {USAGE}"))?;
-    Ok(Args { addr, store })
+    Ok(Args {
+        addr,
+        store,
+        header_read_timeout,
+        body_read_timeout,
+    })
 }
 
 #[tokio::main]
@@ -85,7 +111,9 @@ async fn main() -> ExitCode {
     // PostgreSQL, MySQL and SQLite keep expired records until swept.
     let _sweeper =
         idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
-    let app = ChargeApp::new().router(IdempotencyLayer::new(Engine::new(store)));
+    let engine = Engine::new(store);
+    let verifier = IdempotencyLayer::new(engine.clone()).body_read_timeout(args.body_read_timeout);
+    let app = ChargeApp::new().router(verifier);
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
         Ok(l) => l,
         Err(e) => {
@@ -101,14 +129,17 @@ async fn main() -> ExitCode {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+    serve::serve(listener, app, args.header_read_timeout, shutdown).await;
+    // Outcomes held through a store outage are recorded once it is back: give them a
+    // moment before the process (and what it holds) goes away.
+    if tokio::time::timeout(RECORDINGS_DRAIN, engine.wait_for_recordings())
         .await
+        .is_err()
     {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("server failed: {e}");
-            ExitCode::FAILURE
-        }
+        eprintln!(
+            "{} outcome(s) still not recorded after {RECORDINGS_DRAIN:?}: the store is still away; their keys run again after their lease",
+            engine.pending_recordings()
+        );
     }
+    ExitCode::SUCCESS
 }

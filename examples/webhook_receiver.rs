@@ -23,6 +23,11 @@
 //! (`X-Hub-Signature-256`, `sha256=<hex>` over the body). Timestamps must be within
 //! 5 minutes.
 //!
+//! It does not wait forever for a sender: a connection whose request head has not
+//! arrived within `--header-read-timeout-ms` (default 10 000) is closed, and a body
+//! that has not arrived within `--body-read-timeout-ms` (default 30 000) is answered
+//! `408 body-timeout`, before its signature is checked or its id claimed.
+//!
 //! A duplicate delivery gets the first delivery's 2xx replayed (with
 //! `Idempotent-Replayed: true`); a duplicate that arrives while the first is being
 //! processed gets 409 with `Retry-After`; a delivery whose handler fails (5xx) releases
@@ -46,6 +51,9 @@ use idemkey::server::{Engine, Rejection};
 use idemkey::store::Store;
 use sha2::Sha256;
 
+#[path = "common/serve.rs"]
+mod serve;
+
 /// The largest webhook body read for signature checks (the layer's own limit is 2 MiB).
 const BODY_LIMIT: usize = 2 * 1024 * 1024;
 /// How far a signed timestamp may be from now.
@@ -64,17 +72,34 @@ impl Stats {
 }
 
 /// The receiver's routes over `store`; with `secret`, signatures are checked first.
+#[allow(
+    dead_code,
+    reason = "the tests' way in; the binary sets its own timeouts"
+)]
 pub(crate) fn app(store: Arc<dyn Store>, secret: Option<&str>) -> (Router, Stats) {
+    app_with(store, secret, serve::BODY_READ_TIMEOUT)
+}
+
+/// [`app`], with the time a delivery's body has to arrive.
+pub(crate) fn app_with(
+    store: Arc<dyn Store>,
+    secret: Option<&str>,
+    body_read_timeout: Duration,
+) -> (Router, Stats) {
     let engine = Engine::new(store);
     let stats = Stats::default();
     let route = |path: &str, preset: Preset, check: Option<Check>| {
-        let router = Router::new()
-            .route(path, post(receive))
-            .layer(preset.layer(engine.clone()));
+        let verifier = preset
+            .layer(engine.clone())
+            .body_read_timeout(body_read_timeout);
+        let router = Router::new().route(path, post(receive)).layer(verifier);
         // Added after the idempotency layer, so it runs first: a forged delivery
         // never reaches the store.
         match check {
-            Some(check) => router.layer(middleware::from_fn_with_state(check, verify)),
+            Some(check) => router.layer(middleware::from_fn_with_state(
+                (check, body_read_timeout),
+                verify,
+            )),
             None => router,
         }
     };
@@ -152,14 +177,23 @@ impl Check {
     }
 }
 
-/// Buffers the body, checks the signature, hands the same bytes on. Refusals are the
-/// crate's problem answers (`body-too-large`, `body-unreadable`, `signature-rejected`).
-async fn verify(State(check): State<Check>, req: Request, next: Next) -> Response {
+/// Buffers the body (within `body_read_timeout`), checks the signature, hands the same
+/// bytes on. Refusals are the crate's problem answers (`body-too-large`,
+/// `body-unreadable`, `body-timeout`, `signature-rejected`).
+async fn verify(
+    State((check, body_read_timeout)): State<(Check, Duration)>,
+    req: Request,
+    next: Next,
+) -> Response {
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
-        Ok(b) => b,
-        Err(e) if is_length_limit(&e) => return answer(Rejection::body_too_large(BODY_LIMIT)),
-        Err(e) => return answer(Rejection::body_unreadable(e)),
+    let read = tokio::time::timeout(body_read_timeout, axum::body::to_bytes(body, BODY_LIMIT));
+    let bytes = match read.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) if is_length_limit(&e) => {
+            return answer(Rejection::body_too_large(BODY_LIMIT));
+        }
+        Ok(Err(e)) => return answer(Rejection::body_unreadable(e)),
+        Err(_) => return answer(Rejection::body_timeout(body_read_timeout)),
     };
     if let Err(why) = check.verify(&parts.headers, &bytes) {
         return answer(Rejection::signature_rejected(why));
@@ -251,17 +285,21 @@ fn check_timestamp(t: i64) -> Result<(), String> {
     Ok(())
 }
 
-/// The command line: `--addr`, `--store`, `--secret`.
+/// The command line: `--addr`, `--store`, `--secret` and the timeouts.
 struct Args {
     addr: SocketAddr,
     store: String,
     secret: Option<String>,
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
 }
 
 fn args() -> Result<Args, String> {
     let m = clap::Command::new("webhook_receiver")
         .about("Receives Stripe, GitHub and Standard Webhooks deliveries exactly once")
-        .override_usage("webhook_receiver --addr ADDR [--store URL] [--secret SECRET]")
+        .override_usage(
+            "webhook_receiver --addr ADDR [--store URL] [--secret SECRET] [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]",
+        )
         .arg(
             clap::Arg::new("addr")
                 .long("addr")
@@ -278,8 +316,22 @@ fn args() -> Result<Args, String> {
                 .long("secret")
                 .help("webhook signing secret; signatures are checked only when given"),
         )
+        .arg(
+            clap::Arg::new("header-read-timeout-ms")
+                .long("header-read-timeout-ms")
+                .help("close a connection whose request head takes longer (ms; default 10000)"),
+        )
+        .arg(
+            clap::Arg::new("body-read-timeout-ms")
+                .long("body-read-timeout-ms")
+                .help("answer 408 to a delivery whose body takes longer (ms; default 30000)"),
+        )
         .get_matches();
     let get = |name: &str| m.get_one::<String>(name).cloned();
+    let millis = |name: &str, default: Duration| match get(name) {
+        Some(v) => serve::millis(&format!("--{name}"), &v),
+        None => Ok(default),
+    };
     let addr = get("addr")
         .ok_or("--addr is required: the address to listen on, e.g. --addr 127.0.0.1:8080")?;
     Ok(Args {
@@ -288,6 +340,8 @@ fn args() -> Result<Args, String> {
             .map_err(|e| format!("--addr {addr:?} is not an address like 127.0.0.1:8080: {e}"))?,
         store: get("store").unwrap_or_else(|| "memory".into()),
         secret: get("secret"),
+        header_read_timeout: millis("header-read-timeout-ms", serve::HEADER_READ_TIMEOUT)?,
+        body_read_timeout: millis("body-read-timeout-ms", serve::BODY_READ_TIMEOUT)?,
     })
 }
 
@@ -302,7 +356,7 @@ async fn main() {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let store = idemkey::store::open(&args.store).await?;
-    let (app, _stats) = app(store, args.secret.as_deref());
+    let (app, _stats) = app_with(store, args.secret.as_deref(), args.body_read_timeout);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     eprintln!(
         "webhook_receiver listening on http://{} (store: {}, signatures: {})",
@@ -314,6 +368,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             "not checked"
         }
     );
-    axum::serve(listener, app).await?;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve::serve(listener, app, args.header_read_timeout, shutdown).await;
     Ok(())
 }

@@ -4,66 +4,24 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
-/// The example binary, built by `cargo test`/`cargo nextest run` beside the tests.
-fn charge_server_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target profile dir");
-    let bin = dir.join("examples").join("charge_server");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build --all-features --examples`",
-        bin.display()
-    );
-    bin
-}
+use support::examples::ExampleServer;
 
-struct ChargeServer {
-    child: Child,
-    port: u16,
-}
+/// `charge_server --store <store>`.
+struct ChargeServer(ExampleServer);
 
 impl ChargeServer {
     fn start(store: &str) -> Self {
-        let port = support::free_port();
-        let child = Command::new(charge_server_binary())
-            .args(["--addr", &format!("127.0.0.1:{port}"), "--store", store])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start charge_server");
-        let mut server = Self { child, port };
-        for _ in 0..400 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("charge_server --store {store} exited: {status}");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(25));
-        }
-        server.kill();
-        panic!("charge_server --store {store} did not listen within 10 s");
+        Self(ExampleServer::start("charge_server", &["--store", store]))
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        self.0.url(path)
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ChargeServer {
-    fn drop(&mut self) {
-        self.kill();
+        self.0.kill();
     }
 }
 
@@ -164,7 +122,7 @@ async fn charge_server_on_memory_forgets_on_restart() {
 
 #[tokio::test]
 async fn charge_server_rejects_unknown_stores() {
-    let out = Command::new(charge_server_binary())
+    let out = Command::new(support::examples::binary("charge_server"))
         .args(["--addr", "127.0.0.1:0", "--store", "oracle://db/app"])
         .output()
         .expect("run charge_server");

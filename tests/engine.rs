@@ -1,6 +1,8 @@
 //! The framework-free engine and the function-level API, on the memory store, with time
 //! driven by `tokio::time::pause`.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemkey::IdempotencyKey;
 use idemkey::fingerprint::Fingerprint;
-use idemkey::server::{Claimed, Engine, Execution};
+use idemkey::server::{Claimed, Completion, Engine, Execution};
 use idemkey::store::{MemoryStore, RecordId, Store};
 use proptest::prelude::*;
 
@@ -87,6 +89,126 @@ async fn crashed_owner_is_taken_over_after_its_lease_and_cannot_write() {
         Claimed::Replay(p) => assert_eq!(p, "heir"),
         other => panic!("{other:?}"),
     }
+}
+
+fn deferred(c: Completion) -> idemkey::server::Recording {
+    match c {
+        Completion::Deferred(r) => r,
+        Completion::Recorded => panic!("the store was down: the recording is deferred"),
+    }
+}
+
+/// The store is down when the operation ends and stays down for twelve leases:
+/// `complete` waits it out, `complete_or_defer` hands the outcome to a background task
+/// at once; both record it once the store is back, and the key is replayed.
+#[tokio::test(start_paused = true)]
+async fn an_outcome_is_recorded_through_an_outage_longer_than_the_lease() {
+    let store = support::verifier::FlakyStore::default();
+    let engine = Engine::builder(store.clone()).lease(LEASE).build();
+    let f = fp("x");
+    let waiting = execute(engine.claim("", &key("waits"), &f).await.expect("claim"));
+    let deferring = execute(engine.claim("", &key("defers"), &f).await.expect("claim"));
+    store.failing.store(true, Ordering::SeqCst);
+
+    let waited = tokio::spawn(waiting.complete(Bytes::from_static(b"waited")));
+    let recording = deferred(
+        deferring
+            .complete_or_defer(Bytes::from_static(b"deferred"))
+            .await
+            .expect("an outage defers"),
+    );
+    assert_eq!(engine.pending_recordings(), 1);
+    tokio::time::sleep(12 * LEASE).await;
+    assert!(!waited.is_finished(), "complete waits for the store");
+    assert!(
+        engine.claim("", &key("defers"), &f).await.is_err(),
+        "a retry during the outage is refused: nothing runs"
+    );
+
+    store.failing.store(false, Ordering::SeqCst);
+    waited
+        .await
+        .expect("task")
+        .expect("recorded once the store is back");
+    recording
+        .wait()
+        .await
+        .expect("recorded once the store is back");
+    assert_eq!(engine.pending_recordings(), 0);
+    for (k, payload) in [("waits", "waited"), ("defers", "deferred")] {
+        match engine.claim("", &key(k), &f).await.expect("claim") {
+            Claimed::Replay(p) => assert_eq!(p, payload),
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+}
+
+/// What remains: a retry that arrives after the lease ended and before the background
+/// recording succeeded (the store is back, the next attempt not yet made) takes the key
+/// over and runs again; the late outcome is then fenced, never written over the new
+/// owner's.
+#[tokio::test(start_paused = true)]
+async fn a_retry_between_the_end_of_the_lease_and_the_recording_runs_again() {
+    let store = support::verifier::FlakyStore::default();
+    let engine = Engine::builder(store.clone()).lease(LEASE).build();
+    let (k, f) = (key("window"), fp("x"));
+    let first = execute(engine.claim("", &k, &f).await.expect("claim"));
+    store.failing.store(true, Ordering::SeqCst);
+    let recording = deferred(
+        first
+            .complete_or_defer(Bytes::from_static(b"first"))
+            .await
+            .expect("deferred"),
+    );
+    tokio::time::sleep(2 * LEASE).await;
+    store.failing.store(false, Ordering::SeqCst);
+    // Before the background task's next attempt (at most a second away).
+    let heir = execute(engine.claim("", &k, &f).await.expect("takeover"));
+    assert!(heir.is_takeover());
+    let late = recording
+        .wait()
+        .await
+        .expect_err("the late outcome is fenced");
+    assert!(late.is_fenced(), "{late}");
+    heir.complete(Bytes::from_static(b"second"))
+        .await
+        .expect("the new owner records");
+    match engine.claim("", &k, &f).await.expect("claim") {
+        Claimed::Replay(p) => assert_eq!(p, "second"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A store that never comes back: the recording gives up once the retention is over
+/// (the abandoned claim is gone by then anyway), with the store's error.
+#[tokio::test(start_paused = true)]
+async fn a_recording_gives_up_after_the_retention() {
+    let store = support::verifier::FlakyStore::default();
+    let engine = Engine::builder(store.clone())
+        .lease(LEASE)
+        .retention(Duration::from_secs(60))
+        .build();
+    let exec = execute(
+        engine
+            .claim("", &key("never"), &fp("x"))
+            .await
+            .expect("claim"),
+    );
+    store.failing.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let recording = deferred(
+        exec.complete_or_defer(Bytes::from_static(b"lost"))
+            .await
+            .expect("deferred"),
+    );
+    let e = recording.wait().await.expect_err("given up");
+    assert!(e.is_unavailable(), "{e}");
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_secs(59)..=Duration::from_secs(60)).contains(&waited),
+        "tried for the retention: {waited:?}"
+    );
+    assert_eq!(engine.pending_recordings(), 0);
 }
 
 #[tokio::test(start_paused = true)]

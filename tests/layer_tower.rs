@@ -185,3 +185,84 @@ async fn a_panicking_handler_releases_its_key_and_panics_only_once() {
         "only the handler panicked: the poisoned execution must not be polled again"
     );
 }
+
+/// The store dies while the handler runs: the caller still gets the handler's answer at
+/// once, the outcome is recorded in the background once the store is back, long after
+/// the lease (1 s) and the engine's default retention (2 s) ended, and the retry gets
+/// the replay. It only can because the claim asked the store for the layer's own
+/// retention (1 h): with the engine's, the abandoned claim would be gone by then.
+#[tokio::test(start_paused = true)]
+async fn an_outcome_held_through_a_store_outage_is_recorded_when_the_store_is_back() {
+    use idemkey::store::{RecordId, RecordState, Store};
+    use std::sync::atomic::Ordering;
+    use support::verifier::FlakyStore;
+
+    let store = FlakyStore::default();
+    let engine = Engine::builder(store.clone())
+        .lease(Duration::from_secs(1))
+        .retention(Duration::from_secs(2))
+        .build();
+    let runs = Executions::default();
+    let inner = tower::service_fn({
+        let (runs, store) = (runs.clone(), store.clone());
+        move |_: Req| {
+            let (runs, store) = (runs.clone(), store.clone());
+            async move {
+                let n = runs.record();
+                store.failing.store(true, Ordering::SeqCst); // the store dies meanwhile
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!(
+                    "charge {n}"
+                )))))
+            }
+        }
+    });
+    let layer = IdempotencyLayer::new(engine.clone()).retention(Duration::from_secs(3600));
+    let svc = layer.layer(inner);
+
+    let first = svc
+        .clone()
+        .oneshot(request("k-outage"))
+        .await
+        .expect("infallible");
+    assert_eq!(
+        first.status(),
+        200,
+        "the caller is answered, store or no store"
+    );
+    assert_eq!(
+        engine.pending_recordings(),
+        1,
+        "the outcome waits in the background"
+    );
+
+    tokio::time::sleep(Duration::from_secs(10)).await; // lease and engine retention over
+    let during = svc
+        .clone()
+        .oneshot(request("k-outage"))
+        .await
+        .expect("infallible");
+    assert_eq!(
+        during.status(),
+        503,
+        "a retry during the outage runs nothing"
+    );
+
+    store.failing.store(false, Ordering::SeqCst);
+    engine.wait_for_recordings().await;
+    let info = store
+        .inspect(&RecordId::new("", "k-outage"))
+        .await
+        .expect("inspect")
+        .expect("the record");
+    assert_eq!(info.state, RecordState::Completed);
+
+    let retry = svc
+        .clone()
+        .oneshot(request("k-outage"))
+        .await
+        .expect("infallible");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let body = retry.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body, "charge 1");
+    assert_eq!(runs.count(), 1, "the handler ran once");
+}

@@ -131,6 +131,73 @@ async fn malformed_keys_are_400_before_any_store_lookup() {
     assert_eq!(ctx.runs.count(), 0);
 }
 
+/// A key judged from a header is answered before the body is read: a client that asks
+/// `Expect: 100-continue` gets the `400` and never a `100 Continue`, so it never sends
+/// the body (here a megabyte it announced and holds back). A valid key gets the
+/// `100 Continue`, which shows the test can tell the two apart.
+#[tokio::test]
+async fn a_bad_key_is_answered_before_the_body_is_read() {
+    use support::raw::{Raw, status};
+    let (server, ctx) = start_default().await;
+    let request = |key: Option<&str>| {
+        let key = key
+            .map(|k| format!("idempotency-key: {k}\r\n"))
+            .unwrap_or_default();
+        format!(
+            "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\nexpect: 100-continue\r\n{key}\r\n"
+        )
+    };
+    for (key, problem) in [(Some("a b"), "invalid-key"), (None, "missing-key")] {
+        let mut conn = Raw::connect(server.addr()).await;
+        conn.send(request(key).as_bytes()).await;
+        let (head, body) = conn.response().await;
+        assert_eq!(status(&head), 400, "no 100 Continue first: {head}");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("a problem");
+        assert!(
+            v["type"].as_str().is_some_and(|t| t.ends_with(problem)),
+            "{v}"
+        );
+    }
+
+    let mut conn = Raw::connect(server.addr()).await;
+    conn.send(request(Some("k-continue")).as_bytes()).await;
+    let head = conn.head().await;
+    assert_eq!(status(&head), 100, "{head}");
+    conn.send(&vec![b' '; 1_000_000]).await;
+    let (head, _) = conn.response().await;
+    assert_eq!(status(&head), 201, "{head}");
+    assert_eq!(ctx.runs.count(), 1, "only the request with a valid key ran");
+}
+
+/// A body shorter than its `Content-Length` is answered `408 body-timeout` once the
+/// layer's body-read timeout passes, and its key is not claimed.
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_408_and_claims_nothing() {
+    use support::raw::{Raw, status};
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::new(Engine::new(store.clone()))
+        .body_read_timeout(Duration::from_millis(200));
+    let (server, ctx) = start(layer).await;
+    let mut conn = Raw::connect(server.addr()).await;
+    conn.send(b"POST /echo HTTP/1.1\r\nhost: x\r\nidempotency-key: k-slow\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n{\"n\":")
+        .await;
+    let (head, body) = conn.response().await;
+    assert_eq!(status(&head), 408, "{head}");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("a problem");
+    assert_eq!(v["type"], "urn:idemkey:problem:body-timeout");
+    assert_eq!(
+        store
+            .inspect(&RecordId::new("", "k-slow"))
+            .await
+            .expect("inspect"),
+        None,
+        "the key was not claimed"
+    );
+    assert_eq!(ctx.runs.count(), 0);
+    let whole = post_json(&http(), &server.url("/echo"), Some("k-slow"), "{}").await;
+    assert_eq!(whole.status(), 201, "the request runs with that key");
+}
+
 #[tokio::test]
 async fn body_over_the_limit_is_413() {
     let (server, ctx) =
@@ -332,14 +399,17 @@ async fn a_store_blip_while_completing_does_not_lose_the_outcome() {
     // The handler ran; the store fails the first two attempts to record its response.
     // Losing the outcome would leave the key in progress (409) until the lease ends and
     // then run the handler a second time.
+    // The caller is answered at once; the outcome is recorded in the background.
     let store = FlakyStore::default();
     store.failing_completes.store(2, Ordering::SeqCst);
-    let (server, ctx) = start(IdempotencyLayer::new(Engine::new(store.clone()))).await;
+    let engine = Engine::new(store.clone());
+    let (server, ctx) = start(IdempotencyLayer::new(engine.clone())).await;
     let client = http();
     let url = server.url("/echo");
     let first = post_json(&client, &url, Some("k-blip"), r#"{"n":1}"#).await;
     assert_eq!(first.status(), 201);
     let first_body = first.bytes().await.expect("body");
+    engine.wait_for_recordings().await;
     assert_eq!(
         store.failing_completes.load(Ordering::SeqCst),
         0,
@@ -377,7 +447,7 @@ async fn fail_open_runs_the_handler_unguarded_only_when_configured() {
 }
 
 #[tokio::test]
-async fn outcome_policy_releases_5xx_408_429_and_stores_the_rest() {
+async fn outcome_policy_releases_5xx_408_429_and_answers_refused_as_sent_and_stores_the_rest() {
     let (server, ctx) = start_default().await;
     let client = http();
     let base = server.url("/echo");
@@ -386,9 +456,20 @@ async fn outcome_policy_releases_5xx_408_429_and_stores_the_rest() {
         (503, false),
         (408, false),
         (429, false),
-        (404, true),
-        (400, true),
+        // Refused as sent: nothing began executing, so the key is not burnt.
+        (400, false),
+        (401, false),
+        (403, false),
+        (404, false),
+        (405, false),
+        (415, false),
+        // A handler's judgement against the state it found: kept.
+        (402, true),
+        (409, true),
+        (410, true),
+        (422, true),
         (200, true),
+        (302, true),
     ] {
         let url = format!("{base}?status={status}");
         let key = format!("k-policy-{status}");
@@ -428,6 +509,59 @@ async fn outcome_policy_releases_5xx_408_429_and_stores_the_rest() {
             &"true".parse::<reqwest::header::HeaderValue>().expect("hv")
         )
     );
+    assert_eq!(ctx.runs.count(), 1);
+
+    // Stripe's rule: every answer once execution began, but not those refused as sent.
+    let (server, ctx) = start(
+        IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+            .policy(OutcomePolicy::began_executing()),
+    )
+    .await;
+    for (status, stored) in [(500, true), (404, false), (401, false), (409, true)] {
+        let url = server.url(&format!("/echo?status={status}"));
+        let key = format!("k-began-{status}");
+        let before = ctx.runs.count();
+        post_json(&client, &url, Some(&key), "{}").await;
+        let again = post_json(&client, &url, Some(&key), "{}").await;
+        assert_eq!(
+            again.headers().get("idempotent-replayed").is_some(),
+            stored,
+            "{status}"
+        );
+        assert_eq!(ctx.runs.count() - before, if stored { 1 } else { 2 });
+    }
+}
+
+/// A request the router refuses before any handler runs (`PUT` to a `POST`-only route:
+/// `405`) does not burn its key: the `POST` sent next with that key runs, instead of
+/// being answered `422 key-reused` for the retention period.
+#[tokio::test]
+async fn a_method_the_route_does_not_serve_leaves_the_key_for_the_right_method() {
+    let store = MemoryStore::new();
+    let (server, ctx) = start(IdempotencyLayer::new(Engine::new(store.clone()))).await;
+    let client = http();
+    let url = server.url("/echo");
+    let wrong = client
+        .put(&url)
+        .header("idempotency-key", "k-405")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .expect("the router answers");
+    assert_eq!(wrong.status(), 405);
+    assert_eq!(ctx.runs.count(), 0);
+    assert_eq!(
+        store
+            .inspect(&RecordId::new("", "k-405"))
+            .await
+            .expect("inspect"),
+        None,
+        "the 405 released the key"
+    );
+    let right = post_json(&client, &url, Some("k-405"), "{}").await;
+    assert_eq!(right.status(), 201, "the POST with the same key runs");
+    assert!(right.headers().get("idempotent-replayed").is_none());
     assert_eq!(ctx.runs.count(), 1);
 }
 

@@ -1,6 +1,7 @@
 //! Store outages: a private server started by the test is killed by its pid mid-run.
 //! While it is down requests get 503 with Retry-After and no handler runs; once it is
-//! back traffic resumes by itself and nothing completed before the outage runs again.
+//! back traffic resumes by itself, nothing completed before the outage runs again, and
+//! an outcome the verifier held through the outage is recorded.
 
 mod support;
 
@@ -13,6 +14,16 @@ use support::apps::{self, ChargeApp};
 use support::verifier::Answer;
 
 const KEYS: usize = 20;
+
+/// A store on the private Redis at `url`, answering within 1 s while it is down.
+async fn redis_store(url: &str) -> Arc<dyn Store> {
+    let store = idemkey::store::RedisStore::builder(url)
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    Arc::new(store)
+}
 
 /// Sends `key` until the reply is not a 503 (the store reconnecting), bounded.
 async fn charge_when_back(client: &reqwest::Client, addr: SocketAddr, key: &str) -> Answer {
@@ -109,13 +120,8 @@ async fn redis_outage() {
     // records must be, or a restart forgets completed requests.
     let server = std::sync::Mutex::new(support::RedisServer::start_durable());
     let url = server.lock().expect("server").url();
-    let store = idemkey::store::RedisStore::builder(&url)
-        .response_timeout(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect to the private Redis");
     outage_scenario(
-        Arc::new(store),
+        redis_store(&url).await,
         || server.lock().expect("server").kill(),
         || server.lock().expect("server").restart(),
     )
@@ -179,12 +185,7 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
     use idemkey::client::{ClientBuilder, ResponseExt};
 
     let mut server = support::RedisServer::start_durable();
-    let store = idemkey::store::RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect to the private Redis");
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store = redis_store(&server.url()).await;
     let app = ChargeApp::new();
     let apps = [
         apps::spawn_app(Arc::clone(&store), &app).await,
@@ -260,4 +261,69 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
         assert_eq!(reply.bytes().await.expect("body"), body);
     }
     assert_eq!(app.executions().count(), KEYS as u64);
+}
+
+/// Redis dies (SIGKILL) while a charge runs, and comes back (same port, same
+/// append-only file) only after the charge's lease would have expired. The charge's
+/// client is answered at once; the verifier keeps the outcome and records it once Redis
+/// is back (the owner of an expired claim nobody took over may still complete it), so
+/// the retry gets the replay and the charge ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_running_when_redis_dies_is_recorded_once_redis_is_back() {
+    use idemkey::server::{Engine, IdempotencyLayer};
+    use idemkey::store::{RecordId, RecordState};
+
+    const LEASE: Duration = Duration::from_secs(1);
+    let mut server = support::RedisServer::start_durable();
+    let store = redis_store(&server.url()).await;
+    let engine = Engine::builder(Arc::clone(&store)).lease(LEASE).build();
+    let gate = support::gate::Gate::default();
+    let app = ChargeApp::gated(gate.clone());
+    let verifier = support::serve(app.router(IdempotencyLayer::new(engine.clone()))).await;
+    let key = format!("outage-{}", uuid::Uuid::new_v4());
+
+    let client = reqwest::Client::new();
+    let charge = tokio::spawn({
+        let (client, addr, key) = (client.clone(), verifier.addr(), key.clone());
+        async move { apps::charge(&client, addr, &key).await }
+    });
+    gate.wait_entered(1).await; // the charge is running
+    tokio::task::block_in_place(|| server.kill());
+    gate.open(1);
+    let first = charge.await.expect("the charge's client");
+    assert_eq!(
+        first.status, 200,
+        "answered although Redis is down: {first:?}"
+    );
+    assert_eq!(app.executions().count(), 1);
+
+    // Redis comes back after the lease would have expired.
+    tokio::time::sleep(2 * LEASE).await;
+    let back = std::time::SystemTime::now();
+    tokio::task::block_in_place(|| server.restart());
+
+    // Bounded: the outcome is recorded within a pause (1 s) of Redis answering again.
+    let id = RecordId::new("", &key);
+    let mut recorded = None;
+    for _ in 0..300 {
+        if let Ok(Some(info)) = store.inspect(&id).await {
+            if info.state == RecordState::Completed {
+                recorded = Some(info);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let info = recorded.expect("the held outcome is recorded once Redis is back");
+    assert!(
+        info.created + LEASE <= back,
+        "the scenario: the lease had ended before Redis came back ({info:?})"
+    );
+    engine.wait_for_recordings().await;
+
+    let retry = apps::charge(&client, verifier.addr(), &key).await;
+    assert_eq!(retry.status, 200, "{retry:?}");
+    assert!(retry.replayed(), "the retry gets the replay: {retry:?}");
+    assert_eq!(retry.body, first.body, "the same charge");
+    assert_eq!(app.executions().count(), 1, "the charge ran once");
 }

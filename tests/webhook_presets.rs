@@ -276,9 +276,9 @@ fn retention_defaults_and_floors() {
 
 /// Delivers `body` through the layer of `preset` (real layer, real memory store; the
 /// clock is tokio's, paused by the test).
-async fn deliver(app: &Router, body: &'static str, h: &HeaderMap) -> (StatusCode, bool) {
+async fn deliver(app: &Router, body: &str, h: &HeaderMap) -> (StatusCode, bool) {
     let mut req = Request::post("/hook")
-        .body(Body::from(body))
+        .body(Body::from(body.to_owned()))
         .expect("valid request");
     *req.headers_mut() = h.clone();
     let resp = app.clone().oneshot(req).await.expect("infallible router");
@@ -494,4 +494,67 @@ async fn a_repeated_id_header_is_invalid_key_for_every_header_preset() {
         (StatusCode::BAD_REQUEST, false)
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
+}
+
+/// An event whose body id is not a usable key (a space in it) is keyed by its hash,
+/// `sha256:<hex>`. A second event whose literal id is that very string is another
+/// event, and is processed, for every preset that reads its id from the body.
+#[tokio::test]
+async fn a_hashed_body_id_never_collides_with_a_literal_one() {
+    use idemkey::server::ExtractKey;
+    use sha2::{Digest, Sha256};
+    // Every preset that reads its id from the body, with the JSON path of its id.
+    let body_presets = [
+        (Preset::stripe(), &["id"][..]),
+        (Preset::slack(), &["event_id"][..]),
+        (Preset::paddle(), &["event_id"][..]),
+        (Preset::square(), &["event_id"][..]),
+        (Preset::paypal(), &["id"][..]),
+        (Preset::mailgun(), &["event-data", "id"][..]),
+    ];
+    let names: HashSet<String> = body_presets
+        .iter()
+        .map(|(p, _)| p.name().to_owned())
+        .collect();
+    for p in Preset::all() {
+        assert_eq!(
+            ExtractKey::needs_body(&p),
+            names.contains(p.name()),
+            "{}: the list above names every preset that reads its id from the body",
+            p.name()
+        );
+    }
+    let unusable = "evt 1";
+    let hashed = format!("sha256:{}", hex::encode(Sha256::digest(unusable)));
+    for (preset, path) in body_presets {
+        let event = |id: &str| {
+            let mut v = serde_json::json!(id);
+            for field in path.iter().rev() {
+                v = serde_json::json!({ *field: v });
+            }
+            v.to_string()
+        };
+        let runs = Arc::new(AtomicU64::new(0));
+        let app = app(preset.clone(), runs.clone());
+        let h = HeaderMap::new();
+        assert_eq!(
+            deliver(&app, &event(unusable), &h).await,
+            (StatusCode::OK, false)
+        );
+        assert_eq!(
+            deliver(&app, &event(&hashed), &h).await,
+            (StatusCode::OK, false),
+            "{}: the event whose literal id is the other's hash is processed",
+            preset.name()
+        );
+        for id in [unusable, &hashed] {
+            assert_eq!(
+                deliver(&app, &event(id), &h).await,
+                (StatusCode::OK, true),
+                "{}: each is still deduplicated",
+                preset.name()
+            );
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{}", preset.name());
+    }
 }

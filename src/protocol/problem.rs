@@ -35,6 +35,7 @@ macro_rules! problems {
         /// | `invalid-key` | 400 | no |
         /// | `body-too-large` | 413 | no |
         /// | `body-unreadable` | 400 | no |
+        /// | `body-timeout` | 408 + `Connection: close` | no (the key was not claimed) |
         /// | `key-reused` | 422 (400 in Stripe-compatible mode) | no |
         /// | `in-progress` | 409 + `Retry-After` | no |
         /// | `store-unavailable` | 503 + `Retry-After` | no |
@@ -99,6 +100,10 @@ problems! {
     BodyTooLarge = "body-too-large", PAYLOAD_TOO_LARGE, "Request body too large";
     /// The request body failed while it was read.
     BodyUnreadable = "body-unreadable", BAD_REQUEST, "Request body unreadable";
+    /// The request body did not arrive within the verifier's body-read timeout (a body
+    /// shorter than its `Content-Length`, a sender that stalled); the key was not
+    /// claimed, so the request can be sent again with it.
+    BodyTimeout = "body-timeout", REQUEST_TIMEOUT, "Request body not received in time";
     /// The key was used before for a request with a different fingerprint.
     KeyReused = "key-reused", UNPROCESSABLE_ENTITY, "Idempotency key reused with a different request";
     /// A request with this key is still being processed.

@@ -4,6 +4,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
@@ -203,11 +204,18 @@ pub(crate) enum ReadError {
     TooLarge,
     /// The body failed while it was read.
     Failed(BoxError),
+    /// The whole body did not arrive within the timeout.
+    TimedOut,
 }
 
-/// Collects a request body of at most `limit` bytes; a `Content-Length` over the limit
-/// is refused before anything is read.
-pub(crate) async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, ReadError>
+/// Collects a request body of at most `limit` bytes, within `timeout` when one is set; a
+/// `Content-Length` over the limit is refused before anything is read.
+pub(crate) async fn read_body<B>(
+    parts: &Parts,
+    body: B,
+    limit: usize,
+    timeout: Option<Duration>,
+) -> Result<Bytes, ReadError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -220,7 +228,14 @@ where
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ReadError::TooLarge);
     }
-    match Limited::new(body, limit).collect().await {
+    let collect = Limited::new(body, limit).collect();
+    let collected = match timeout {
+        Some(t) => tokio::time::timeout(t, collect)
+            .await
+            .map_err(|_| ReadError::TimedOut)?,
+        None => collect.await,
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(ReadError::TooLarge),
         Err(e) => Err(ReadError::Failed(e)),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::execution::{Execution, Lease};
+use super::execution::{Execution, Lease, Recordings};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
@@ -61,10 +61,15 @@ struct Config {
     store: Arc<dyn Store>,
     lease: Duration,
     renew_every: Duration,
+    /// `renew_every` as set with [`EngineBuilder::renew_every`], kept for derived
+    /// engines; `None` renews every third of the lease.
+    renew_every_set: Option<Duration>,
     retention: Duration,
     fail_open: bool,
     unavailable_retry_after: Duration,
     in_progress_retry_after: Duration,
+    /// Outcomes being recorded in the background, shared with derived engines.
+    recordings: Arc<Recordings>,
 }
 
 impl fmt::Debug for Engine {
@@ -82,7 +87,9 @@ impl fmt::Debug for Engine {
 #[derive(Debug)]
 pub enum Claimed {
     /// This caller owns the key: run the operation (through [`Execution::run`], so the
-    /// lease is renewed), then [`Execution::complete`] or [`Execution::release`].
+    /// lease is renewed), then [`Execution::complete`] (or
+    /// [`Execution::complete_or_defer`], not to wait for a store that is down) or
+    /// [`Execution::release`].
     Execute(Execution),
     /// The key is completed with this fingerprint: the payload given to
     /// [`Execution::complete`] by the request that ran.
@@ -145,7 +152,6 @@ impl std::error::Error for ClaimError {
 #[must_use]
 pub struct EngineBuilder {
     cfg: Config,
-    renew_every: Option<Duration>,
 }
 
 impl fmt::Debug for EngineBuilder {
@@ -168,7 +174,7 @@ impl EngineBuilder {
 
     /// How often a running operation renews its lease (default a third of the lease).
     pub fn renew_every(mut self, every: Duration) -> Self {
-        self.renew_every = Some(every);
+        self.cfg.renew_every_set = Some(every);
         self
     }
 
@@ -210,7 +216,8 @@ impl EngineBuilder {
     #[must_use]
     pub fn build(mut self) -> Engine {
         self.cfg.renew_every = self
-            .renew_every
+            .cfg
+            .renew_every_set
             .unwrap_or(self.cfg.lease / 3)
             .clamp(Duration::from_millis(1), self.cfg.lease);
         Engine {
@@ -245,21 +252,21 @@ impl Engine {
                 store: Arc::new(store),
                 lease: DEFAULT_LEASE,
                 renew_every: DEFAULT_LEASE / 3,
+                renew_every_set: None,
                 retention: DEFAULT_RETENTION,
                 fail_open: false,
                 unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
                 in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
+                recordings: Arc::default(),
             },
-            renew_every: None,
         }
     }
 
     /// A builder with this engine's settings and store, to derive another engine from
-    /// it (renewing every third of its lease).
+    /// it (renewing as this one was set to, or every third of its lease).
     pub(crate) fn to_builder(&self) -> EngineBuilder {
         EngineBuilder {
             cfg: (*self.cfg).clone(),
-            renew_every: None,
         }
     }
 
@@ -280,6 +287,35 @@ impl Engine {
     #[must_use]
     pub fn retention(&self) -> Duration {
         self.cfg.retention
+    }
+
+    /// How many outcomes are being recorded in the background right now (by this engine
+    /// and the engines derived from it, such as a layer's with its own retention):
+    /// outcomes whose first attempt found the store unavailable
+    /// ([`Execution::complete_or_defer`]).
+    #[must_use]
+    pub fn pending_recordings(&self) -> usize {
+        self.cfg.recordings.pending()
+    }
+
+    /// Waits until no outcome is being recorded in the background: each is recorded,
+    /// fenced, or given up after the retention. Returns at once when none is.
+    ///
+    /// Call it before a process exits (after the server stopped taking requests), so
+    /// that an outcome held through a store outage is not lost with the process, and in
+    /// tests that must know the store holds every outcome. It waits as long as the
+    /// store stays away: bound it with `tokio::time::timeout` where that matters.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let engine = idemkey::server::Engine::new(idemkey::store::MemoryStore::new());
+    /// // ... serve until shutdown ...
+    /// engine.wait_for_recordings().await;
+    /// assert_eq!(engine.pending_recordings(), 0);
+    /// # }
+    /// ```
+    pub async fn wait_for_recordings(&self) {
+        self.cfg.recordings.wait_idle().await;
     }
 
     /// Claims `key` within `scope` for a request with `fingerprint`: the one way to a
@@ -324,6 +360,7 @@ impl Engine {
                     token,
                     takeover,
                     self.cfg.retention,
+                    Arc::clone(&self.cfg.recordings),
                 ))
             }
             Ok(Claim::InProgress {

@@ -1,5 +1,5 @@
 //! A claimed key: the operation runs while its lease is renewed, then its outcome is
-//! recorded or the key released.
+//! recorded (at once, or in the background through a store outage) or the key released.
 
 use std::fmt;
 use std::future::Future;
@@ -9,14 +9,42 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::store::{FencingToken, RecordId, Store, StoreError};
+use crate::store::{FencingToken, RecordId, Store, StoreError, clamp_forever};
+
+/// The first pause between two attempts to record an outcome; it doubles up to
+/// [`RECORD_RETRY_CAP`].
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(20);
+/// The longest pause between two attempts to record an outcome through a store outage:
+/// once the store is back, the outcome is recorded within about this long.
+const RECORD_RETRY_CAP: Duration = Duration::from_secs(1);
 
 /// A claimed key: run the operation, then complete or release.
 ///
 /// Dropping an execution that was neither completed nor released releases the key in
 /// the background (when a tokio runtime is running), so that a retry executes again; a
 /// crashed process leaves the lease to expire instead.
+///
+/// # An outcome is not given up because the store blinked
+///
+/// Once the operation ran, its outcome is the only one there is: losing it would let
+/// the next request with the key run the operation again once the lease ends. So
+/// [`Execution::complete`] and [`Execution::complete_or_defer`] keep trying while the
+/// store is unavailable, with a pause that doubles from 20 ms up to 1 s, for as long as
+/// the retention lasts (the store keeps an abandoned claim for its retention past the
+/// lease, and its owner may still complete it while nobody took it over). They stop at
+/// once when the key was taken over ([`StoreError::is_fenced`]: the other owner's
+/// outcome wins).
+///
+/// What remains: a retry that arrives **after the lease ended and before the outcome
+/// is recorded** (the store still down, or back for less than a pause) takes the key
+/// over and runs the operation again; the late recording is then fenced. A longer
+/// lease ([`EngineBuilder::lease`](super::EngineBuilder::lease)) narrows that window:
+/// duplicates get `409 in-progress` until the lease ends. The process must live until
+/// the recording ends ([`Engine::wait_for_recordings`](super::Engine::wait_for_recordings)
+/// before it exits).
 pub struct Execution {
     store: Arc<dyn Store>,
     lease: Lease,
@@ -24,6 +52,7 @@ pub struct Execution {
     token: FencingToken,
     takeover: bool,
     retention: Duration,
+    recordings: Arc<Recordings>,
     lost: bool,
     done: bool,
 }
@@ -56,6 +85,7 @@ impl Execution {
         token: FencingToken,
         takeover: bool,
         retention: Duration,
+        recordings: Arc<Recordings>,
     ) -> Self {
         Self {
             store,
@@ -64,6 +94,7 @@ impl Execution {
             token,
             takeover,
             retention,
+            recordings,
             lost: false,
             done: false,
         }
@@ -92,11 +123,6 @@ impl Execution {
     #[must_use]
     pub fn is_lost(&self) -> bool {
         self.lost
-    }
-
-    /// Keep the completed record for `retention` instead of the engine's default.
-    pub fn set_retention(&mut self, retention: Duration) {
-        self.retention = retention;
     }
 
     /// Drives `fut` to completion while renewing the lease every third of it. If a
@@ -140,32 +166,76 @@ impl Execution {
 
     /// Completes the key with `payload`, kept for the retention period and handed to
     /// every later request with the same key and fingerprint as
-    /// [`Claimed::Replay`](super::Claimed::Replay).
+    /// [`Claimed::Replay`](super::Claimed::Replay), and waits until it is recorded.
+    ///
+    /// Through a store outage this waits as long as the outage lasts (up to the
+    /// retention; see the [type docs](Execution#an-outcome-is-not-given-up-because-the-store-blinked)).
+    /// A caller that must not wait for the store, such as an HTTP response already
+    /// computed, uses [`Execution::complete_or_defer`].
     ///
     /// # Errors
     /// [`StoreError::is_fenced`] when the key was taken over (this owner's lease
-    /// expired): the other owner's outcome wins. A store that is unavailable is asked
-    /// again, with a doubling pause from 20 ms, for up to half the lease (the operation
-    /// already ran: losing its outcome would run it a second time after the lease);
-    /// if it still fails, the outcome is not recorded and the key is released by its
-    /// lease.
+    /// expired and another request claimed it): the other owner's outcome wins. The
+    /// last [`StoreError::is_unavailable`] when the store was still unavailable when
+    /// the retention ran out. Any other store error (a corrupt record) at once.
     pub async fn complete(mut self, payload: Bytes) -> Result<(), StoreError> {
         self.done = true;
-        let store = &self.store;
-        let give_up = tokio::time::Instant::now() + self.lease.length / 2;
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let result = store
-                .complete(&self.id, self.token, payload.clone(), self.retention)
-                .await;
-            match result {
-                Err(e) if e.is_unavailable() && tokio::time::Instant::now() + pause < give_up => {
-                    tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = pause.saturating_mul(2);
-                }
-                other => return other,
+        let recorder = self.recorder();
+        let first = recorder.attempt(&payload).await;
+        recorder.persist(payload, first).await
+    }
+
+    /// Completes the key with `payload` (as [`Execution::complete`]) without waiting for
+    /// a store that is down: one attempt now; if the store is unavailable, the outcome
+    /// moves to a spawned task that owns it and goes on trying, and this returns
+    /// [`Completion::Deferred`] at once. On the happy path nothing is spawned and the
+    /// record is in the store when this returns ([`Completion::Recorded`]).
+    ///
+    /// The layer answers its caller so: a store outage of minutes does not hold the
+    /// response for minutes. Wait for deferred recordings with [`Recording::wait`], or
+    /// all of an engine's with [`Engine::wait_for_recordings`](super::Engine::wait_for_recordings)
+    /// (before a process exits, and in tests).
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::{Claimed, Completion, Engine};
+    /// use idemkey::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let (key, fp) = (IdempotencyKey::new("order-7")?, Fingerprint::of_bytes(b"ship 7"));
+    /// let Claimed::Execute(exec) = engine.claim("", &key, &fp).await? else { unreachable!() };
+    /// match exec.complete_or_defer("shipped".into()).await? {
+    ///     Completion::Recorded => {}
+    ///     Completion::Deferred(recording) => recording.wait().await?, // the store was down
+    /// }
+    /// assert_eq!(engine.pending_recordings(), 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::is_fenced`] when the key was taken over, and any error other than
+    /// unavailability, from the first attempt. Errors of the background attempts are
+    /// logged and returned by [`Recording::wait`].
+    pub async fn complete_or_defer(mut self, payload: Bytes) -> Result<Completion, StoreError> {
+        self.done = true;
+        let recorder = self.recorder();
+        match recorder.attempt(&payload).await {
+            Ok(()) => Ok(Completion::Recorded),
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(record = %recorder.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
+                Ok(Completion::Deferred(recorder.spawn(payload, Err(e))))
             }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn recorder(&self) -> Recorder {
+        Recorder {
+            store: Arc::clone(&self.store),
+            id: self.id,
+            token: self.token,
+            retention: self.retention,
+            recordings: Arc::clone(&self.recordings),
         }
     }
 
@@ -193,5 +263,154 @@ impl Drop for Execution {
                 }
             });
         }
+    }
+}
+
+/// How [`Execution::complete_or_defer`] went.
+#[derive(Debug)]
+#[must_use = "a deferred recording may still fail; wait for it, or let it run detached"]
+pub enum Completion {
+    /// The outcome is in the store.
+    Recorded,
+    /// The store was unavailable: the outcome is being recorded in the background.
+    /// Dropping the [`Recording`] lets it run on, detached.
+    Deferred(Recording),
+}
+
+/// An outcome being recorded in the background by a task that owns it (see
+/// [`Execution::complete_or_defer`]). Dropping the handle detaches it; the task runs on
+/// until the outcome is recorded, the key was taken over, or the retention ran out.
+#[derive(Debug)]
+pub struct Recording {
+    task: JoinHandle<Result<(), StoreError>>,
+}
+
+impl Recording {
+    /// Waits until the background task ends.
+    ///
+    /// # Errors
+    /// As [`Execution::complete`]: fenced (taken over), unavailable until the retention
+    /// ran out, or another store error; unavailable too if the task was cancelled (the
+    /// runtime shut down).
+    pub async fn wait(self) -> Result<(), StoreError> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::unavailable(
+                "recording an outcome in the background (the task did not finish)",
+                e,
+            )),
+        }
+    }
+}
+
+/// The count of an engine's background recordings, shared by the engines derived from
+/// it, so that a process (or a test) can wait until they ended.
+#[derive(Debug)]
+pub(super) struct Recordings {
+    pending: watch::Sender<usize>,
+}
+
+impl Default for Recordings {
+    fn default() -> Self {
+        Self {
+            pending: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Recordings {
+    pub(super) fn pending(&self) -> usize {
+        *self.pending.borrow()
+    }
+
+    pub(super) async fn wait_idle(&self) {
+        let mut rx = self.pending.subscribe();
+        // The sender lives as long as `self`: `wait_for` cannot see it closed.
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// One pending background recording: counted from its spawn until its task ends (or is
+/// dropped with the runtime).
+struct Pending(Arc<Recordings>);
+
+impl Pending {
+    fn new(recordings: Arc<Recordings>) -> Self {
+        recordings.pending.send_modify(|n| *n += 1);
+        Self(recordings)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.pending.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// What recording an outcome needs, owned, so that a background task can take it.
+struct Recorder {
+    store: Arc<dyn Store>,
+    id: RecordId,
+    token: FencingToken,
+    retention: Duration,
+    recordings: Arc<Recordings>,
+}
+
+impl Recorder {
+    async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
+        self.store
+            .complete(&self.id, self.token, payload.clone(), self.retention)
+            .await
+    }
+
+    /// Goes on from the result of the last attempt while the store is unavailable: a
+    /// pause doubling from 20 ms to 1 s between attempts, for up to the retention.
+    async fn persist(
+        &self,
+        payload: Bytes,
+        mut last: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let give_up = tokio::time::Instant::now().checked_add(clamp_forever(self.retention));
+        let mut pause = RECORD_RETRY_FIRST;
+        let mut attempts = 1_u64;
+        loop {
+            match last {
+                Err(e) if e.is_unavailable() => {
+                    let now = tokio::time::Instant::now();
+                    if give_up.is_some_and(|at| now + pause >= at) {
+                        tracing::error!(record = %self.id, attempts, error = %e, "gave up recording an outcome: the store was unavailable for the whole retention; a retry with this key runs again");
+                        return Err(e);
+                    }
+                    tracing::debug!(record = %self.id, attempts, error = %e, "recording the outcome failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = pause.saturating_mul(2).min(RECORD_RETRY_CAP);
+                    attempts += 1;
+                    last = self.attempt(&payload).await;
+                }
+                Ok(()) => {
+                    if attempts > 1 {
+                        tracing::info!(record = %self.id, attempts, "recorded the outcome once the store answered again");
+                    }
+                    return Ok(());
+                }
+                Err(e) => {
+                    if e.is_fenced() && attempts > 1 {
+                        tracing::warn!(record = %self.id, attempts, "could not record the outcome: while the store was away, another request took the key over after this one's lease ended (or an earlier attempt whose answer was lost recorded it); the other outcome wins");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Moves the recording to a spawned task that owns `payload`, counted in
+    /// [`Recordings`] until it ends.
+    fn spawn(self, payload: Bytes, last: Result<(), StoreError>) -> Recording {
+        let pending = Pending::new(Arc::clone(&self.recordings));
+        let task = tokio::spawn(async move {
+            let _pending = pending;
+            self.persist(payload, last).await
+        });
+        Recording { task }
     }
 }

@@ -49,7 +49,14 @@
 //! out and the next request takes the key over; the dead owner's fencing token can no
 //! longer complete, renew or release it. A completed record is kept for the retention
 //! period ([`EngineBuilder::retention`], default 24 h; per layer with
-//! [`IdempotencyLayer::retention`]).
+//! [`IdempotencyLayer::retention`]); a claim asks the store for that same retention, for
+//! which an abandoned claim is kept.
+//!
+//! An outcome is not given up because the store blinked: an owner whose store is
+//! unavailable when the handler answers keeps the outcome and records it once the store
+//! is back, for up to the retention, in the background so its caller is answered at
+//! once ([`Execution`]; what remains is in the
+//! [layer docs](IdempotencyLayer#when-the-store-fails-after-the-handler-answered)).
 //!
 //! # Cancellation
 //!
@@ -91,7 +98,7 @@ pub use engine::{
     ClaimError, Claimed, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
     DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder,
 };
-pub use execution::Execution;
+pub use execution::{Completion, Execution, Recording};
 pub use extract::{
     ExtractKey, ExtractScope, HeaderKey, HeaderScope, KeySource, ScopeSource, Unscoped,
 };

@@ -184,7 +184,10 @@ impl Engine {
     /// without running `f`.
     ///
     /// `Ok` values are recorded for the engine's retention; an `Err` releases the key,
-    /// so the next call runs `f` again. The lease is renewed while `f` runs. If this
+    /// so the next call runs `f` again. A value is returned as soon as `f` ran: if the
+    /// store is down then, its recording goes on in the background
+    /// ([`Execution::complete_or_defer`](super::Execution::complete_or_defer); wait for
+    /// it with [`Engine::wait_for_recordings`]). The lease is renewed while `f` runs. If this
     /// future is dropped while `f` runs, the key is released (in the background).
     ///
     /// # Errors
@@ -265,8 +268,9 @@ impl Engine {
                 return Err(OnceError::new(Kind::Encode(e)));
             }
         };
+        // Not held for a store outage: a deferred recording goes on in the background.
         if let Err(e) = exec
-            .complete(Record::Value(Bytes::from(json)).encode())
+            .complete_or_defer(Record::Value(Bytes::from(json)).encode())
             .await
         {
             tracing::warn!(error = %e, "the operation ran but its result was not recorded");

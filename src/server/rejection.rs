@@ -35,6 +35,7 @@ pub struct Rejection {
     status: StatusCode,
     detail: String,
     retry_after: Option<Duration>,
+    close: bool,
 }
 
 impl Rejection {
@@ -49,6 +50,7 @@ impl Rejection {
             status,
             detail: detail.into(),
             retry_after: None,
+            close: false,
         }
     }
 
@@ -85,6 +87,22 @@ impl Rejection {
             Problem::BodyUnreadable,
             format!("the request body could not be read ({why}); send the request again"),
         )
+    }
+
+    /// 408 `body-timeout`: the request body did not arrive within `limit`; the key was
+    /// not claimed. The response asks to close the connection (`Connection: close`, as
+    /// RFC 9110 §15.5.9 advises for 408): what is left of the body is never read.
+    #[must_use]
+    pub fn body_timeout(limit: Duration) -> Self {
+        let mut r = Self::of(
+            Problem::BodyTimeout,
+            format!(
+                "the request body did not arrive within {} ms (is it shorter than its Content-Length?); nothing was executed and the key was not used: send the request again with the same key",
+                limit.as_millis()
+            ),
+        );
+        r.close = true;
+        r
     }
 
     /// `key-reused` with `status` (422, or 400 in Stripe-compatible mode).
@@ -255,6 +273,9 @@ impl Rejection {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(ra) = self.retry_after {
             h.insert(header::RETRY_AFTER, retry_after::to_header_value(ra));
+        }
+        if self.close {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

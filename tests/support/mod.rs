@@ -12,6 +12,9 @@
 //! - [`verifier`]: HTTP shortcuts against a verifier, [`verifier::Answer`], a store that
 //!   fails on demand;
 //! - [`apps`]: the examples' charge app over a given store;
+//! - [`examples`]: the example programs run as processes;
+//! - [`raw`]: HTTP/1.1 over a raw TCP socket (stalled heads, short bodies,
+//!   `Expect: 100-continue`);
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
 //! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
 //!   versions into a cache folder.
@@ -23,9 +26,11 @@
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
 pub(crate) mod client;
+pub(crate) mod examples;
 pub(crate) mod gate;
 pub(crate) mod moto;
 pub(crate) mod peers;
+pub(crate) mod raw;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
 pub(crate) mod webhook;

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use idemkey::store::{Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, Store, StoreError};
+use idemkey::store::{
+    Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, RecordInfo, Store, StoreError,
+};
 
 /// A plain reqwest client (no idempotency middleware) for driving the verifier by hand.
 pub(crate) fn http() -> reqwest::Client {
@@ -167,5 +169,9 @@ impl Store for FlakyStore {
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         self.check("release")?;
         self.inner.release(id, token).await
+    }
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.check("inspect")?;
+        self.inner.inspect(id).await
     }
 }

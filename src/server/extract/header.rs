@@ -124,6 +124,10 @@ impl ExtractKey for HeaderKey {
     fn describe(&self) -> Cow<'static, str> {
         Cow::Owned(format!("the `{}` header", title_case(self.name.as_str())))
     }
+
+    fn needs_body(&self) -> bool {
+        false
+    }
 }
 
 /// The scope is the value of a header (an API credential, a tenant id); requests
@@ -167,6 +171,10 @@ impl ExtractScope for HeaderScope {
             )),
             None => Ok(String::new()),
         }
+    }
+
+    fn needs_body(&self) -> bool {
+        false
     }
 }
 

@@ -1,9 +1,15 @@
 //! Where the key and the scope of a request come from.
 //!
-//! The layer buffers the body, then asks an [`ExtractKey`] for the key and an
-//! [`ExtractScope`] for the scope; both see the request head and the buffered body, so
-//! that extractors can read headers, the path, or fields of the body (webhook event
-//! ids). Closures of the right shape implement both traits.
+//! The layer asks an [`ExtractKey`] for the key and an [`ExtractScope`] for the scope;
+//! both see the request head and the buffered body, so that extractors can read
+//! headers, the path, or fields of the body (webhook event ids). Closures of the right
+//! shape implement both traits.
+//!
+//! An extractor that reads only the head says so ([`ExtractKey::needs_body`]), and the
+//! layer then judges the key (and a head-only scope) **before reading the body**: a
+//! missing or malformed key is answered at once, without buffering up to the body limit,
+//! and a client that sent `Expect: 100-continue` gets its `400` instead of a
+//! `100 Continue`.
 //!
 //! Two families of extractors come with the crate, and read headers by the same rule:
 //!
@@ -68,6 +74,14 @@ pub trait ExtractKey: Send + Sync + 'static {
     fn describe(&self) -> Cow<'static, str> {
         Cow::Borrowed("the request")
     }
+
+    /// Whether [`ExtractKey::extract_key`] reads the body. `false` promises that it
+    /// reads only the head: the layer then calls it with an empty body *before* reading
+    /// the body, and answers a missing or malformed key without reading it. Default
+    /// `true` (a closure may read anything).
+    fn needs_body(&self) -> bool {
+        true
+    }
 }
 
 /// Finds the scope of a request: records of different scopes never meet.
@@ -77,6 +91,12 @@ pub trait ExtractScope: Send + Sync + 'static {
     /// # Errors
     /// The rejection the layer answers with (a missing credential, say).
     fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection>;
+
+    /// Whether [`ExtractScope::extract_scope`] reads the body (see
+    /// [`ExtractKey::needs_body`]). Default `true`.
+    fn needs_body(&self) -> bool {
+        true
+    }
 }
 
 impl<F> ExtractKey for F
@@ -108,5 +128,9 @@ pub struct Unscoped;
 impl ExtractScope for Unscoped {
     fn extract_scope(&self, _parts: &Parts, _body: &Bytes) -> Result<String, Rejection> {
         Ok(String::new())
+    }
+
+    fn needs_body(&self) -> bool {
+        false
     }
 }

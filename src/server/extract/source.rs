@@ -31,8 +31,14 @@ use crate::server::rejection::Rejection;
 ///   `sha256:` and the hex SHA-256 of its text, so that every id the sender may use
 ///   still deduplicates. `null`, an empty string and an absent field count as missing;
 ///   an object, array or boolean is rejected as invalid.
-/// - A **composite** is the hex SHA-256 over the length-prefixed values of its parts,
-///   all of which must be present.
+/// - A **composite** is `composite:` and the hex SHA-256 over the length-prefixed
+///   values of its parts, all of which must be present.
+///
+/// **Derived keys never meet the ids senders send.** A value that itself starts with
+/// `sha256:` or `composite:` (from a header or the body) is hashed as well, so an event
+/// whose literal id is `sha256:<hex>` is never taken for the delivery whose unusable id
+/// hashed to that string, nor for a composite: the keys a source gives are one-to-one
+/// with the values it read (up to SHA-256 collisions).
 ///
 /// ```
 /// use idemkey::server::webhook::KeySource;
@@ -126,8 +132,8 @@ impl KeySource {
 
     /// A key hashed from several fields, for senders whose events are identified by a
     /// combination (an event type and an object id, say). Every part must be present;
-    /// the key is the hex SHA-256 over the length-prefixed values, so `("ab", "c")` and
-    /// `("a", "bc")` differ.
+    /// the key is `composite:` and the hex SHA-256 over the length-prefixed values, so
+    /// `("ab", "c")` and `("a", "bc")` differ.
     ///
     /// ```
     /// use idemkey::server::webhook::KeySource;
@@ -139,7 +145,7 @@ impl KeySource {
     /// let a = source.extract(&headers, br#"{"eventCode":"CAPTURE","pspReference":"P1"}"#)?;
     /// let b = source.extract(&headers, br#"{"pspReference":"P1","eventCode":"CAPTURE"}"#)?;
     /// assert_eq!(a, b);
-    /// assert_eq!(a.expect("both present").as_str().len(), 64);
+    /// assert!(a.expect("both present").as_str().starts_with("composite:"));
     /// assert_eq!(source.extract(&headers, br#"{"eventCode":"CAPTURE"}"#)?, None);
     /// # Ok::<(), idemkey::server::Rejection>(())
     /// ```
@@ -167,18 +173,38 @@ impl KeySource {
             return Ok(None);
         };
         let key = match value {
+            Value::Key(key) if is_derived(key.as_str()) => hashed(key.as_str()),
             Value::Key(key) => key,
-            Value::Text(text) => IdempotencyKey::new(&*text).unwrap_or_else(|_| {
-                let hashed = format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes())));
-                IdempotencyKey::new(hashed)
-                    .expect("`sha256:` and 64 hex digits are 71 visible ASCII characters")
-            }),
-            Value::Hashed(digest) => {
-                IdempotencyKey::new(hex::encode(digest)).expect("64 hex digits are a valid key")
-            }
+            Value::Text(text) => match IdempotencyKey::new(&*text) {
+                Ok(key) if !is_derived(key.as_str()) => key,
+                _ => hashed(&text),
+            },
+            Value::Hashed(digest) => derived(COMPOSITE, &digest),
         };
         Ok(Some(key))
     }
+}
+
+/// The prefix of a key hashed from a value that cannot be used as is.
+const HASHED: &str = "sha256:";
+/// The prefix of a key hashed from the parts of a [`KeySource::composite`].
+const COMPOSITE: &str = "composite:";
+
+/// `true` when `key` has the form of a key this module derives (hashed or composite):
+/// such a value is hashed too when a sender sends it, so that derived keys and the
+/// values senders send never meet.
+fn is_derived(key: &str) -> bool {
+    key.starts_with(HASHED) || key.starts_with(COMPOSITE)
+}
+
+/// `sha256:` and the hex SHA-256 of `text`.
+fn hashed(text: &str) -> IdempotencyKey {
+    derived(HASHED, &Sha256::digest(text.as_bytes()).into())
+}
+
+fn derived(prefix: &str, digest: &[u8; 32]) -> IdempotencyKey {
+    IdempotencyKey::new(format!("{prefix}{}", hex::encode(digest)))
+        .expect("a short ASCII prefix and 64 hex digits are a valid key")
 }
 
 impl ScopeSource {
@@ -248,6 +274,10 @@ impl ExtractKey for KeySource {
     fn describe(&self) -> Cow<'static, str> {
         Cow::Owned(format!("the delivery's {self}"))
     }
+
+    fn needs_body(&self) -> bool {
+        self.0.needs_body()
+    }
 }
 
 /// Plugs a scope source into
@@ -256,6 +286,10 @@ impl ExtractKey for KeySource {
 impl ExtractScope for ScopeSource {
     fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
         Ok(self.extract(&parts.headers, body)?.unwrap_or_default())
+    }
+
+    fn needs_body(&self) -> bool {
+        self.0.needs_body()
     }
 }
 
@@ -318,6 +352,17 @@ impl Role {
 }
 
 impl Field {
+    /// `true` when reading the field may need the body (a JSON field anywhere in it).
+    fn needs_body(&self) -> bool {
+        match self {
+            Field::Header(_) | Field::Constant(_) => false,
+            Field::Pointer(_) => true,
+            Field::FirstOf(fields) | Field::Composite(fields) => {
+                fields.iter().any(Field::needs_body)
+            }
+        }
+    }
+
     fn or(self, fallback: Field) -> Field {
         match self {
             Field::FirstOf(mut v) => {
@@ -488,6 +533,50 @@ mod tests {
         assert!(e.to_string().contains("not JSON"), "{e}");
     }
 
+    /// An id that is not a key is hashed to `sha256:<hex>`; an event whose literal id is
+    /// that very string (or looks like a composite) must not be taken for it, from the
+    /// body or from a header.
+    #[test]
+    fn derived_keys_never_equal_a_literal_id() {
+        let body = KeySource::json_pointer("/id");
+        let h = HeaderMap::new();
+        let spaced = key(&body, &h, r#"{"id":"a b"}"#).expect("hashed");
+        let literal = key(&body, &h, &format!(r#"{{"id":"{spaced}"}}"#)).expect("a key");
+        assert_ne!(
+            literal, spaced,
+            "a literal `sha256:` id has a key of its own"
+        );
+        assert!(literal.starts_with("sha256:"), "{literal}");
+        assert_eq!(
+            key(&body, &h, &format!(r#"{{"id":"{spaced}"}}"#)),
+            Some(literal.clone()),
+            "and it still deduplicates"
+        );
+
+        let composite =
+            KeySource::composite([KeySource::json_pointer("/a"), KeySource::json_pointer("/b")])
+                .or(KeySource::json_pointer("/id"));
+        let derived = key(&composite, &h, r#"{"a":"x","b":"y"}"#).expect("composite");
+        let bare_hex = derived.trim_start_matches("composite:").to_owned();
+        for posing in [derived.clone(), bare_hex] {
+            let got = key(&composite, &h, &format!(r#"{{"id":"{posing}"}}"#)).expect("a key");
+            assert_ne!(got, derived, "{posing}");
+        }
+
+        let header = KeySource::header(HeaderName::from_static("x-id")).or(body);
+        let from_header = key(&header, &headers(&[("x-id", &spaced)]), "{}").expect("a key");
+        assert_ne!(from_header, spaced, "a header value is kept apart too");
+        assert_eq!(
+            from_header, literal,
+            "and means what the same body id means"
+        );
+        assert_eq!(
+            key(&header, &headers(&[("x-id", "evt_1")]), "{}"),
+            key(&header, &h, r#"{"id":"evt_1"}"#),
+            "plain ids are used as they are, wherever they come from"
+        );
+    }
+
     #[test]
     fn fallbacks_go_in_order_and_stop_at_the_first_value() {
         let s = KeySource::header(HeaderName::from_static("x-a"))
@@ -524,7 +613,7 @@ mod tests {
         let ab_c = key(&s, &h, r#"{"a":"ab","b":"c"}"#).expect("both present");
         let a_bc = key(&s, &h, r#"{"a":"a","b":"bc"}"#).expect("both present");
         assert_ne!(ab_c, a_bc);
-        assert_eq!(ab_c.len(), 64);
+        assert!(ab_c.starts_with("composite:") && ab_c.len() == 74, "{ab_c}");
         assert_eq!(key(&s, &h, r#"{"b":"c","a":"ab"}"#), Some(ab_c));
         assert_eq!(key(&s, &h, r#"{"a":"ab"}"#), None);
         assert_eq!(s.to_string(), "all of (JSON field `/a`, JSON field `/b`)");

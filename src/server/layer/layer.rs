@@ -61,9 +61,9 @@ pub(super) struct Config {
     pub(super) fingerprinter: Fingerprinter,
     pub(super) policy: OutcomePolicy,
     pub(super) body_limit: usize,
+    pub(super) body_read_timeout: Option<Duration>,
     pub(super) stored_response_limit: usize,
     pub(super) deny: Vec<HeaderName>,
-    pub(super) retention: Option<Duration>,
     pub(super) key_reused_status: StatusCode,
     pub(super) replay_header: ReplayHeader,
 }
@@ -76,18 +76,41 @@ pub(super) struct Config {
 /// 1. decides whether a key is required ([`IdempotencyLayer::require`]; by default
 ///    required on every method but `GET`, `HEAD`, `OPTIONS` and `TRACE`, on which the
 ///    layer steps aside),
-/// 2. buffers the body up to [`IdempotencyLayer::body_limit`] (`413` beyond),
-/// 3. extracts the key ([`ExtractKey`]; `400 missing-key` / `400 invalid-key`) and the
-///    scope ([`ExtractScope`]), fingerprints the request ([`Fingerprinter`]),
-/// 4. claims the key: a completed key is replayed (same status, headers and body bytes,
+/// 2. judges a key that comes from the head ([`ExtractKey::needs_body`]; a header, by
+///    default) before reading the body: `400 missing-key` / `400 invalid-key` at once,
+///    without a `100 Continue`,
+/// 3. buffers the body up to [`IdempotencyLayer::body_limit`] (`413` beyond), within
+///    [`IdempotencyLayer::body_read_timeout`] when set (`408` beyond),
+/// 4. extracts a key or scope that needs the body ([`ExtractKey`], [`ExtractScope`]),
+///    fingerprints the request ([`Fingerprinter`]),
+/// 5. claims the key: a completed key is replayed (same status, headers and body bytes,
 ///    plus `Idempotent-Replayed: true`), a key of another request gets `422`, a running
 ///    one `409` with `Retry-After`, a failing store `503` with `Retry-After`,
-/// 5. runs the inner service while renewing the lease, in place; if the caller goes
+/// 6. runs the inner service while renewing the lease, in place; if the caller goes
 ///    away (hyper drops the response future), the rest moves **to a spawned task**, so
 ///    a client that disconnects does not cancel the handler: its response is still
 ///    recorded and the retry receives the replay,
-/// 6. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
+/// 7. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
 ///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
+///
+/// # When the store fails after the handler answered
+///
+/// The response is recorded before the caller gets it whenever the store answers. If
+/// the store is unavailable then, the caller gets its response **at once** and the
+/// outcome moves to a background task that keeps trying (a pause doubling up to 1 s,
+/// for up to the retention; [`Execution::complete_or_defer`](crate::server::Execution::complete_or_defer)):
+/// a store outage of minutes does not hold responses for minutes, and the outcome is
+/// recorded once the store is back, even after the lease ended, as long as nobody took
+/// the key over. Until then duplicates get `409 in-progress` while the lease lasts, and
+/// `503` while the store is down.
+///
+/// What remains: a retry that arrives **after the lease ended and before the outcome is
+/// recorded** (the store still down, or back for less than a pause) takes the key over
+/// and runs the handler again (the late outcome is then fenced, never written over the
+/// new one). To narrow that window, give the engine a longer
+/// [lease](crate::server::EngineBuilder::lease) (a crashed process then blocks its keys
+/// longer too), or let duplicates wait for the first answer. Before a process exits,
+/// [`Engine::wait_for_recordings`] lets the background recordings end.
 ///
 /// The inner service receives [`RequestBody`](crate::server::RequestBody) (the buffered
 /// bytes, or the untouched body where the layer stepped aside) and the caller receives
@@ -117,9 +140,9 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("engine", &self.cfg.engine)
             .field("fingerprinter", &self.cfg.fingerprinter)
             .field("body_limit", &self.cfg.body_limit)
+            .field("body_read_timeout", &self.cfg.body_read_timeout)
             .field("stored_response_limit", &self.cfg.stored_response_limit)
             .field("deny", &self.cfg.deny)
-            .field("retention", &self.cfg.retention)
             .field("key_reused_status", &self.cfg.key_reused_status)
             .field("replay_header", &self.cfg.replay_header)
             .finish_non_exhaustive()
@@ -149,9 +172,9 @@ impl IdempotencyLayer {
                 fingerprinter: Fingerprinter::new(),
                 policy: OutcomePolicy::default(),
                 body_limit: DEFAULT_BODY_LIMIT,
+                body_read_timeout: None,
                 stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
                 deny: vec![header::SET_COOKIE],
-                retention: None,
                 key_reused_status: Problem::KeyReused.default_status(),
                 replay_header: ReplayHeader::default(),
             }),
@@ -239,7 +262,9 @@ impl IdempotencyLayer {
         self.with(|c| c.fingerprinter = fingerprinter)
     }
 
-    /// Which responses are stored (default: 2xx, 3xx and 4xx but 408 and 429).
+    /// Which responses are stored (default: 2xx, 3xx and the 4xx a handler gives after
+    /// judging the request; 5xx, 408, 429 and the answers that refuse a request as sent,
+    /// such as 404 and 405, release the key: see [`OutcomePolicy`]).
     #[must_use]
     pub fn policy(self, policy: OutcomePolicy) -> Self {
         self.with(|c| c.policy = policy)
@@ -249,6 +274,29 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn body_limit(self, bytes: usize) -> Self {
         self.with(|c| c.body_limit = bytes)
+    }
+
+    /// How long the whole request body may take to arrive (default: no limit of the
+    /// layer's own). A body that has not arrived by then (shorter than its
+    /// `Content-Length`, or a sender that stalled) gets
+    /// `408 body-timeout` with `Connection: close`; the key is not claimed, so the
+    /// request can be sent again with it.
+    ///
+    /// The timer runs from the moment the layer starts reading the body, after the head
+    /// was read; the server in front should bound the head too (hyper's
+    /// `http1::Builder::header_read_timeout`, which `axum::serve` leaves unset).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .body_read_timeout(Duration::from_secs(30));
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn body_read_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.body_read_timeout = Some(timeout))
     }
 
     /// The largest response body stored (default 1 MiB). A larger response is still
@@ -278,9 +326,16 @@ impl IdempotencyLayer {
 
     /// Keep records of this layer for `retention` instead of the engine's default
     /// (7 days for webhooks, say).
+    ///
+    /// The layer then runs on an engine derived from the one it was given (same store,
+    /// lease and settings) with this retention, so that every claim asks the store for
+    /// the retention its record will really get: an abandoned claim is kept as long
+    /// (see [`ClaimRequest::retention`](crate::store::ClaimRequest::retention)), and so
+    /// is the time the engine goes on trying to record an outcome through a store
+    /// outage. [`IdempotencyLayer::engine`] returns the derived engine.
     #[must_use]
     pub fn retention(self, retention: Duration) -> Self {
-        self.with(|c| c.retention = Some(retention))
+        self.with(|c| c.engine = c.engine.to_builder().retention(retention).build())
     }
 
     /// The status of `key-reused` answers (default `422`).

@@ -5,16 +5,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
 use super::future::{DetachOnDrop, ResponseFuture};
 use super::layer::{Config, KeyRequirement};
+use crate::IdempotencyKey;
 use crate::protocol::Problem;
 use crate::server::body::{self, BoxError, Collected, ReadError, RequestBody, ResponseBody};
 use crate::server::engine::Claimed;
-use crate::server::execution::Execution;
+use crate::server::execution::{Completion, Execution};
 use crate::server::policy::Outcome;
 use crate::server::rejection::Rejection;
 use crate::server::stored_response;
@@ -119,37 +121,28 @@ where
         return Ok(inner.call(req).await?.map(ResponseBody::wrap));
     }
 
-    let bytes = match body::read_body(&parts, body, cfg.body_limit).await {
-        Ok(b) => b,
-        Err(ReadError::TooLarge) => {
-            return Ok(Rejection::body_too_large(cfg.body_limit).into_response());
-        }
-        Err(ReadError::Failed(e)) => return Ok(Rejection::body_unreadable(e).into_response()),
+    // A key (and scope) judged from the head alone is answered before the body is read.
+    let head = match judge_head(&cfg, &parts, requirement) {
+        Ok(head) => head,
+        Err(rejection) => return Ok(rejection.into_response()),
     };
-    let found = cfg
-        .key
-        .extract_key(&parts, &bytes)
-        .and_then(|found| requirement.apply(found, &*cfg.key));
-    let key = match found {
-        Ok(Some(k)) => k,
+    let bytes = match read_body(&cfg, &parts, body).await {
+        Ok(b) => b,
+        Err(rejection) => return Ok(rejection.into_response()),
+    };
+    let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
+        Ok(Some(found)) => found,
         Ok(None) => {
             let req = Request::from_parts(parts, RequestBody::buffered(bytes));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));
         }
         Err(rejection) => return Ok(rejection.into_response()),
     };
-    let scope = match cfg.scope.extract_scope(&parts, &bytes) {
-        Ok(s) => s,
-        Err(rejection) => return Ok(rejection.into_response()),
-    };
     let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
     let claimed = cfg.engine.claim(&scope, &key, &fingerprint).await;
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
     match claimed {
-        Ok(Claimed::Execute(mut exec)) => {
-            if let Some(r) = cfg.retention {
-                exec.set_retention(r);
-            }
+        Ok(Claimed::Execute(exec)) => {
             // Polled in place; if the caller goes away (hyper drops this future), the
             // rest moves to a spawned task, so the handler still finishes and its
             // outcome is recorded.
@@ -167,6 +160,81 @@ where
         Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).into_response()),
         Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).into_response()),
     }
+}
+
+/// What the head alone told of a request's key and scope: filled in when their
+/// extractors need no body.
+#[derive(Default)]
+struct Head {
+    key: Option<Option<IdempotencyKey>>,
+    scope: Option<String>,
+}
+
+/// Judges the key, and the scope of a keyed request, from the head when their
+/// extractors read no body, so that a missing or malformed one is answered before the
+/// body is read (and before `100 Continue` is sent).
+fn judge_head(cfg: &Config, parts: &Parts, requirement: KeyRequirement) -> Result<Head, Rejection> {
+    let mut head = Head::default();
+    if cfg.key.needs_body() {
+        return Ok(head);
+    }
+    let none = Bytes::new();
+    let key = find_key(cfg, parts, &none, requirement)?;
+    if key.is_some() && !cfg.scope.needs_body() {
+        head.scope = Some(cfg.scope.extract_scope(parts, &none)?);
+    }
+    head.key = Some(key);
+    Ok(head)
+}
+
+/// The key and scope of a request (`None`: no key, and none required), from what the
+/// head told and the buffered body.
+fn identify(
+    cfg: &Config,
+    parts: &Parts,
+    bytes: &Bytes,
+    requirement: KeyRequirement,
+    head: Head,
+) -> Result<Option<(IdempotencyKey, String)>, Rejection> {
+    let key = match head.key {
+        Some(key) => key,
+        None => find_key(cfg, parts, bytes, requirement)?,
+    };
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    let scope = match head.scope {
+        Some(scope) => scope,
+        None => cfg.scope.extract_scope(parts, bytes)?,
+    };
+    Ok(Some((key, scope)))
+}
+
+fn find_key(
+    cfg: &Config,
+    parts: &Parts,
+    bytes: &Bytes,
+    requirement: KeyRequirement,
+) -> Result<Option<IdempotencyKey>, Rejection> {
+    let found = cfg.key.extract_key(parts, bytes)?;
+    requirement.apply(found, &*cfg.key)
+}
+
+/// The request body, buffered up to the limit and within the body-read timeout.
+async fn read_body<B>(cfg: &Config, parts: &Parts, body: B) -> Result<Bytes, Rejection>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    body::read_body(parts, body, cfg.body_limit, cfg.body_read_timeout)
+        .await
+        .map_err(|e| match e {
+            ReadError::TooLarge => Rejection::body_too_large(cfg.body_limit),
+            ReadError::Failed(e) => Rejection::body_unreadable(e),
+            ReadError::TimedOut => {
+                Rejection::body_timeout(cfg.body_read_timeout.unwrap_or_default())
+            }
+        })
 }
 
 /// Runs the claimed handler, then records its response or releases the key.
@@ -202,7 +270,7 @@ where
     {
         Collected::Full(bytes) => {
             let record = stored_response::record(&parts, bytes.clone(), &cfg.deny);
-            finish(exec.complete(record.encode()).await, "complete");
+            record_outcome(exec, record.encode()).await;
             Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
         }
         Collected::TooLarge(prefix, rest) => {
@@ -212,7 +280,7 @@ where
                 retries_get = %Problem::ResponseNotStored,
                 "response too large to store"
             );
-            finish(exec.complete(record.encode()).await, "complete");
+            record_outcome(exec, record.encode()).await;
             Ok(Response::from_parts(
                 parts,
                 ResponseBody::chain(prefix, rest),
@@ -222,6 +290,16 @@ where
             finish(exec.release().await, "release");
             Ok(Rejection::response_failed(e).into_response())
         }
+    }
+}
+
+/// Records the outcome before the caller is answered when the store answers; through a
+/// store outage, in the background (the spawned task owns the outcome and logs how it
+/// ends), so that the caller is not held for as long as the outage lasts.
+async fn record_outcome(exec: Execution, payload: Bytes) {
+    match exec.complete_or_defer(payload).await {
+        Ok(Completion::Recorded | Completion::Deferred(_)) => {}
+        Err(e) => finish(Err(e), "complete"),
     }
 }
 

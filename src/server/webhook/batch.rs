@@ -214,10 +214,10 @@ impl BatchDeduper {
                     // the execution, which releases the claim.
                     match execution.run(handler(item)).await {
                         Ok(()) => {
-                            // The handler ran: recording it is retried through a store
-                            // blip; if it still fails, the claim expires with its lease.
-                            execution
-                                .complete(Bytes::from_static(ITEM_DONE))
+                            // The handler ran: through a store outage its record goes on
+                            // in the background, so the delivery is answered meanwhile.
+                            let _ = execution
+                                .complete_or_defer(Bytes::from_static(ITEM_DONE))
                                 .await
                                 .map_err(|e| BatchError::new(ErrorKind::Store(e), outcome))?;
                             outcome.processed += 1;

@@ -115,12 +115,20 @@ impl ExtractKey for Preset {
     fn describe(&self) -> Cow<'static, str> {
         ExtractKey::describe(&self.key)
     }
+
+    fn needs_body(&self) -> bool {
+        ExtractKey::needs_body(&self.key)
+    }
 }
 
 /// The preset's scope: `webhook:<name>`, or `webhook:<name>/<tenant>`.
 impl ExtractScope for Preset {
     fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
         self.scope_of(&parts.headers, body)
+    }
+
+    fn needs_body(&self) -> bool {
+        self.scope.as_ref().is_some_and(ExtractScope::needs_body)
     }
 }
 
@@ -346,6 +354,11 @@ impl Preset {
     /// (`X-GitHub-Hook-ID`: the webhook's id; `X-GitHub-Delivery`: a GUID for the
     /// delivery) and "Redelivering webhooks" (a redelivery keeps the GUID; deliveries of
     /// the past 3 days can be redelivered). Floor: 3 days.
+    ///
+    /// **What it cannot stop:** GitHub signs the body alone and sends no timestamp, so a
+    /// captured delivery re-sent with a fresh `X-GitHub-Delivery` passes the signature
+    /// check and is processed as a new delivery (see
+    /// [what deduplication cannot stop](crate::server::webhook#what-deduplication-cannot-stop-a-captured-delivery-re-sent-with-a-fresh-id)).
     #[must_use]
     pub fn github() -> Self {
         Self::new("github", KeySource::header(header("x-github-delivery")))
