@@ -5,12 +5,17 @@
 //! cargo bench --bench client --all-features -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
-//! Besides criterion's figures it prints two interleaved measurements (alternating
-//! rounds, so both sides see the same load on a shared machine; medians of per-round
-//! figures):
-//! - `loopback`: the stack's round-trip time over the bare client's;
+//! Besides criterion's figures it prints interleaved measurements (alternating rounds,
+//! so both sides see the same load on a shared machine; medians of per-round figures):
+//! - `loopback`: the default stack's round-trip time (every feature on: vendor profile,
+//!   retry hints, retry budget, single flight) over that of the floor (a
+//!   reqwest-middleware client that sets a random key header by hand), of reqwest-retry
+//!   with the key set by hand, and of the bare client;
 //! - `in-process`: the stack's own CPU time per request (the same canned in-process
 //!   answer with and without the stack), and that time over the bare loopback round trip.
+//!
+//! `examples/client_overhead.rs` runs the same loopback calls for an instruction counter
+//! (callgrind), the figure the machine's load cannot move.
 
 use std::hint::black_box;
 
@@ -91,6 +96,11 @@ fn interleaved(_: &mut Criterion) {
     let stack = ClientBuilder::new(reqwest::Client::new()).build();
     let (canned_only, canned_stack) = canned_clients();
     let plain = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
+    let retrying = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            idemkey::client::default_policy(),
+        ))
+        .build();
     rt.block_on(async {
         // What the stack saves a caller from writing: a reqwest-middleware client and a
         // fresh key header by hand.
@@ -109,6 +119,22 @@ fn interleaved(_: &mut Criterion) {
             "loopback, wall time: stack / key header by hand on reqwest-middleware = {:.4} \
              (quartiles {:.4} .. {:.4}); client thread CPU +{:.3} us per request",
             by_hand.ratio[1], by_hand.ratio[0], by_hand.ratio[2], by_hand.extra_cpu_us[1],
+        );
+        let retry = compare(
+            300,
+            || async {
+                let key = IdempotencyKey::random().to_header_value();
+                let request = retrying.post(&url).header("idempotency-key", key);
+                let r = request.body(BODY).send().await.expect("200");
+                black_box(r.bytes().await.expect("body"));
+            },
+            || stack_post(&stack, &url),
+        )
+        .await;
+        eprintln!(
+            "loopback, wall time: stack / reqwest-retry with the key header by hand = {:.4} \
+             (quartiles {:.4} .. {:.4}); client thread CPU {:+.3} us per request",
+            retry.ratio[1], retry.ratio[0], retry.ratio[2], retry.extra_cpu_us[1],
         );
         let wire = compare(300, || bare_post(&bare, &url), || stack_post(&stack, &url)).await;
         eprintln!(
@@ -204,7 +230,7 @@ where
     B: Fn() -> BF,
     BF: Future<Output = ()>,
 {
-    const ROUNDS: usize = 101;
+    const ROUNDS: usize = 201;
     // Warm-up (connection pools, caches).
     time(per_round, &a).await;
     time(per_round, &b).await;

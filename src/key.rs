@@ -299,6 +299,28 @@ pub struct InvalidKey {
     reason: Reason,
 }
 
+#[cfg(feature = "client")]
+impl InvalidKey {
+    /// A key longer than a vendor accepts (`limit` bytes).
+    pub(crate) fn over_vendor_limit(len: usize, limit: usize, vendor: &str) -> Self {
+        Self {
+            reason: Reason::VendorLimit {
+                len,
+                limit,
+                vendor: vendor.to_owned(),
+            },
+        }
+    }
+
+    /// The key cannot be put where the vendor takes it (a JSON body field of a body that
+    /// is not a JSON object, say); `why` says what to do.
+    pub(crate) fn placement(why: String) -> Self {
+        Self {
+            reason: Reason::Placement(why),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 enum Reason {
     #[error("the key is empty; use 1 to 255 visible ASCII characters")]
@@ -315,6 +337,18 @@ enum Reason {
         "the payload cannot be serialised to canonical JSON ({0}); derive the key from a JSON-serialisable value"
     )]
     Payload(String),
+    #[cfg(feature = "client")]
+    #[error(
+        "the key is {len} bytes long; {vendor} accepts at most {limit}: use a shorter key (a UUID has 36)"
+    )]
+    VendorLimit {
+        len: usize,
+        limit: usize,
+        vendor: String,
+    },
+    #[cfg(feature = "client")]
+    #[error("{0}")]
+    Placement(String),
 }
 
 #[cfg(test)]

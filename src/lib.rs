@@ -5,7 +5,9 @@
 //!
 //! - **Client half** (feature `client`): a [`reqwest_middleware`] middleware that gives
 //!   every logical non-idempotent call an `Idempotency-Key` and keeps it fixed across every
-//!   retry, with idempotency-aware exponential backoff that honours `Retry-After`.
+//!   retry, with idempotency-aware exponential backoff that honours the server's retry
+//!   hints, a client-wide retry budget, and vendor profiles (Stripe, Adyen, PayPal,
+//!   Square, Checkout.com, GoCardless, Stainless-style APIs).
 //! - **Server half** (feature `server`): a verifier that runs each keyed request at most
 //!   once, replays the stored response to retries, rejects a reused key whose request
 //!   differs, and answers concurrent duplicates with a conflict. It comes as a
@@ -18,8 +20,8 @@
 //!
 //! Both halves follow one wire protocol, written once in [`protocol`] with its behaviour
 //! table: the IETF `Idempotency-Key` header (bare or RFC 8941 sf-string),
-//! `Idempotent-Replayed: true` on replays, and RFC 9457 problem responses with a stable
-//! `type` per case.
+//! `Idempotent-Replayed: true` on replays (the client also reads `Idempotency-Replayed`),
+//! and RFC 9457 problem responses with a stable `type` per case.
 //!
 //! # Feature flags
 //!

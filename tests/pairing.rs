@@ -149,7 +149,10 @@ async fn a_duplicate_in_flight_gets_409_retries_and_receives_the_replay() {
         .await
         .expect("server");
     let conflicts = Arc::new(Semaphore::new(0));
+    // The duplicate stands for another process: within one client, single flight would
+    // have it share the first call's flight and never meet the server's 409.
     let client = ClientBuilder::new(reqwest::Client::new())
+        .single_flight(false)
         .with_inner(ConflictSeen(conflicts.clone()))
         .build();
     let url = server.url("/v1/orders");

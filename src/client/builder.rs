@@ -8,7 +8,8 @@ use reqwest_middleware::{ClientWithMiddleware, Middleware};
 use reqwest_retry::RetryableStrategy;
 use retry_policies::RetryPolicy;
 
-use super::retry::RetryMiddleware;
+use super::profile::VendorProfile;
+use super::retry::{RetryBudget, RetryMiddleware};
 
 /// Assembles the client stack in the right order, with good defaults:
 ///
@@ -25,17 +26,18 @@ use super::retry::RetryMiddleware;
 /// [`IdempotencyKeyMiddleware`](super::IdempotencyKeyMiddleware) beside
 /// `reqwest_retry`, in a stack of your own.
 ///
-/// Defaults: `Idempotency-Key` on POST and PATCH; up to 3 retries with exponential
-/// backoff (100 ms to 10 s, jittered); `Retry-After` honoured up to 30 s; no overall
-/// deadline.
+/// Defaults: `Idempotency-Key` on POST and PATCH; [`VendorProfile::standard`]; up to 3
+/// retries with exponential backoff (100 ms to 10 s, jittered); the server's hints
+/// (`x-should-retry`, `Stripe-Should-Retry`, `retry-after-ms`, `Retry-After`) honoured,
+/// waits capped at 30 s; no overall deadline; a client-wide [`RetryBudget::standard`];
+/// single flight for caller-chosen keys.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkey::client::ClientBuilder;
-/// use idemkey::protocol::KeyHeader;
+/// use idemkey::client::{ClientBuilder, VendorProfile};
 ///
 /// let client = ClientBuilder::new(reqwest::Client::new())
-///     .key_header(KeyHeader::PayPal)
+///     .profile(VendorProfile::paypal())
 ///     .max_retries(5)
 ///     .retry_after_cap(Duration::from_secs(10))
 ///     .deadline(Duration::from_secs(60))
@@ -76,6 +78,15 @@ impl ClientBuilder {
             outer: Vec::new(),
             inner: Vec::new(),
         }
+    }
+
+    /// Speaks this API's dialect ([`VendorProfile`]): where the key goes and how long it
+    /// may be, which answers mean "key reused", "already executed" or "in progress", and
+    /// which retry hints are honoured. Replaces a key header set before.
+    #[must_use]
+    pub fn profile(mut self, profile: VendorProfile) -> Self {
+        self.retry = self.retry.profile(profile);
+        self
     }
 
     /// Sends the key under this header instead of `Idempotency-Key`: a vendor's
@@ -133,6 +144,30 @@ impl ClientBuilder {
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.retry = self.retry.deadline(deadline);
+        self
+    }
+
+    /// The retry budget the client's calls draw from ([`RetryBudget::standard`] by
+    /// default); give clones of one budget to several clients to share it.
+    #[must_use]
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.retry = self.retry.retry_budget(budget);
+        self
+    }
+
+    /// No retry budget: every call retries as its policy allows, however many fail.
+    #[must_use]
+    pub fn without_retry_budget(mut self) -> Self {
+        self.retry = self.retry.without_retry_budget();
+        self
+    }
+
+    /// Whether concurrent calls with the same caller-chosen key and the same request
+    /// share one flight and its answer (on by default; see
+    /// [`RetryMiddleware::single_flight`](super::RetryMiddleware::single_flight)).
+    #[must_use]
+    pub fn single_flight(mut self, on: bool) -> Self {
+        self.retry = self.retry.single_flight(on);
         self
     }
 

@@ -2,6 +2,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 
 use reqwest::{Response, StatusCode};
 
@@ -37,7 +38,7 @@ struct Inner {
     response: Option<Response>,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum Kind {
     #[error(
         "the server already used idempotency key {key} for a different request (HTTP {status}); \
@@ -49,9 +50,20 @@ pub(crate) enum Kind {
     },
     #[error(
         "the request with idempotency key {key} was still in progress on the server after the \
-         last attempt (HTTP 409); retry later with the same key to get its outcome"
+         last attempt (HTTP {status}); retry later with the same key to get its outcome"
     )]
-    Conflict { key: IdempotencyKey },
+    Conflict {
+        key: IdempotencyKey,
+        status: StatusCode,
+    },
+    #[error(
+        "the server says a request with idempotency key {key} was executed before (HTTP \
+         {status}) and does not replay its answer; the response body names what it did"
+    )]
+    AlreadyExecuted {
+        key: IdempotencyKey,
+        status: StatusCode,
+    },
     #[error(
         "no final answer for idempotency key {key} ({cause}); the server may or may not have \
          executed the request: retry later with the same key to find out without executing it twice"
@@ -60,7 +72,18 @@ pub(crate) enum Kind {
         key: IdempotencyKey,
         cause: String,
         #[source]
-        source: Option<reqwest_middleware::Error>,
+        source: Option<Arc<reqwest_middleware::Error>>,
+    },
+    #[error(
+        "the client's retry budget is used up, so the request with idempotency key {key} was \
+         not retried ({cause}); the server may or may not have executed it: retry later with \
+         the same key, once the upstream recovers"
+    )]
+    RetryBudgetExhausted {
+        key: IdempotencyKey,
+        cause: String,
+        #[source]
+        source: Option<Arc<reqwest_middleware::Error>>,
     },
     #[error("{source}; nothing was sent")]
     InvalidKey {
@@ -88,19 +111,45 @@ impl Error {
         Self::new(Kind::InvalidKey { source }, 0, None)
     }
 
+    pub(crate) fn into_parts(self) -> (Kind, u32, Option<Response>) {
+        let inner = *self.0;
+        (inner.kind, inner.attempts, inner.response)
+    }
+
     /// The server rejected the key because it was used before for a request with a
-    /// different payload (HTTP 422, or 400 `key-reused` from a Stripe-compatible
-    /// server). Not retried: the same request can never succeed with this key.
+    /// different payload: a problem `key-reused` (422, or 400 from a Stripe-compatible
+    /// server), or the vendor's documented equivalent
+    /// ([`VendorProfile`](super::VendorProfile)). Not retried: the same request can never
+    /// succeed with this key.
     #[must_use]
     pub fn is_key_reused(&self) -> bool {
         matches!(self.0.kind, Kind::KeyReused { .. })
     }
 
-    /// The server still answered 409 (an earlier request with this key is in progress)
-    /// when the retries ran out. Retry later with the same key.
+    /// The server still answered "in progress" (409, 423, or the vendor's equivalent: an
+    /// earlier request with this key is running) when the retries ran out. Retry later
+    /// with the same key.
     #[must_use]
     pub fn is_conflict(&self) -> bool {
         matches!(self.0.kind, Kind::Conflict { .. })
+    }
+
+    /// The server says a request with this key was executed before and answers with
+    /// that fact instead of a replay (GoCardless's 409 `idempotent_creation_conflict`,
+    /// see [`VendorProfile::gocardless`](super::VendorProfile::gocardless)). Not
+    /// retried; [`Error::response`] holds the answer, whose body names the result.
+    #[must_use]
+    pub fn is_already_executed(&self) -> bool {
+        matches!(self.0.kind, Kind::AlreadyExecuted { .. })
+    }
+
+    /// A retry was due but the client's retry budget
+    /// ([`RetryBudget`](super::RetryBudget)) was used up, as it is when the upstream
+    /// fails for many calls at once. As with [`Error::is_outcome_unknown`], the server
+    /// may have executed the request: retry later with [`Error::key`].
+    #[must_use]
+    pub fn is_retry_budget_exhausted(&self) -> bool {
+        matches!(self.0.kind, Kind::RetryBudgetExhausted { .. })
     }
 
     /// No final answer came: transport errors, timeouts, 5xx, 408 or 429 outlasted the
@@ -131,8 +180,10 @@ impl Error {
     pub fn key(&self) -> Option<&IdempotencyKey> {
         match &self.0.kind {
             Kind::KeyReused { key, .. }
-            | Kind::Conflict { key }
+            | Kind::Conflict { key, .. }
+            | Kind::AlreadyExecuted { key, .. }
             | Kind::OutcomeUnknown { key, .. }
+            | Kind::RetryBudgetExhausted { key, .. }
             | Kind::BodyNotReplayable { key } => Some(key),
             Kind::InvalidKey { .. } => None,
         }
@@ -145,13 +196,16 @@ impl Error {
     }
 
     /// A stable snake_case name of the kind: `key_reused`, `conflict`,
-    /// `outcome_unknown`, `invalid_key` or `body_not_replayable`.
+    /// `already_executed`, `outcome_unknown`, `retry_budget_exhausted`, `invalid_key` or
+    /// `body_not_replayable`.
     #[must_use]
     pub fn kind_str(&self) -> &'static str {
         match self.0.kind {
             Kind::KeyReused { .. } => "key_reused",
             Kind::Conflict { .. } => "conflict",
+            Kind::AlreadyExecuted { .. } => "already_executed",
             Kind::OutcomeUnknown { .. } => "outcome_unknown",
+            Kind::RetryBudgetExhausted { .. } => "retry_budget_exhausted",
             Kind::InvalidKey { .. } => "invalid_key",
             Kind::BodyNotReplayable { .. } => "body_not_replayable",
         }

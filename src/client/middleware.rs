@@ -5,6 +5,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use super::key::KeyResolver;
+use super::profile::VendorProfile;
 use super::request::attempts_so_far;
 use super::response::annotate;
 
@@ -49,6 +50,15 @@ impl IdempotencyKeyMiddleware {
         Self::default()
     }
 
+    /// Puts the key where this API takes it (a header, or a JSON body field) and holds
+    /// keys to its length limit. The profile's answer rules and hints are the retry
+    /// loop's business: this middleware only attaches keys.
+    #[must_use]
+    pub fn profile(mut self, profile: VendorProfile) -> Self {
+        self.keys.set_profile(&profile);
+        self
+    }
+
     /// Sends the key under this header instead of `Idempotency-Key` (a
     /// [`KeyHeader`](crate::protocol::KeyHeader) or any [`HeaderName`]).
     #[must_use]
@@ -79,7 +89,7 @@ impl Middleware for IdempotencyKeyMiddleware {
         };
         let mut result = next.run(req, ext).await;
         if let Ok(response) = &mut result {
-            annotate(response, &key, attempts_so_far(ext));
+            annotate(response, &key.key, attempts_so_far(ext));
         }
         result
     }

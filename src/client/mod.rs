@@ -5,16 +5,25 @@
 //! - gives every POST and PATCH (the method set is configurable) an `Idempotency-Key`
 //!   (or a vendor's header name, see [`KeyHeader`](crate::protocol::KeyHeader)): a random UUID v4, or the key you
 //!   set or derive per call with [`RequestBuilderExt`]; a key you set is never replaced;
-//! - retries connect errors, timeouts, dropped connections, 408, 429, 5xx and 409 (an
-//!   earlier request with the key is still running) **with the same key**, with
-//!   exponential backoff and jitter, honouring `Retry-After` (seconds or HTTP date,
-//!   capped) within an optional overall deadline; 400 and 422 are never retried, and a
-//!   POST or PATCH without a key is never retried;
+//! - retries connect errors, timeouts, dropped connections, 408, 429, 5xx, and 409 and
+//!   423 (an earlier request with the key is still running) **with the same key**, with
+//!   exponential backoff and jitter, honouring the server's hints (`x-should-retry`,
+//!   `Stripe-Should-Retry`, `retry-after-ms`, `Retry-After` in seconds or as an HTTP
+//!   date; capped) within an optional overall deadline and a client-wide
+//!   [`RetryBudget`]; 400 and 422 are never retried, and a POST or PATCH without a key is
+//!   never retried;
+//! - speaks the vendor's dialect ([`VendorProfile`]: Stripe, Adyen, PayPal, Square,
+//!   Checkout.com, GoCardless, Stainless-style APIs, or your own): where the key goes,
+//!   how long it may be, which answers mean "key reused", "already executed" or "in
+//!   progress";
+//! - lets concurrent calls with the same chosen key share one request
+//!   ([`ClientBuilder::single_flight`]);
 //! - tells you, on every response, the key, the number of attempts, and whether the
 //!   server replayed a stored response ([`ResponseExt::idempotency`]);
 //! - turns the cases you must handle into a typed [`Error`]: key reused with a different
-//!   payload, conflict that outlasted the retries, outcome unknown (with the key, so you
-//!   can retry later), invalid key, body that cannot be replayed.
+//!   payload, conflict that outlasted the retries, already executed, outcome unknown
+//!   (with the key, so you can retry later), retry budget exhausted, invalid key, body
+//!   that cannot be replayed.
 //!
 //! # Quick start
 //!
@@ -79,16 +88,21 @@
 //! Middleware errors reach you inside [`reqwest_middleware::Error::Middleware`]; get
 //! this crate's [`Error`] back with [`Error::from_middleware`]. A non-success final
 //! answer of a keyed request becomes an [`Error`] that keeps the response
-//! ([`Error::response`]): 409 that outlasted the retries ([`Error::is_conflict`]), 422
-//! ([`Error::is_key_reused`]), 5xx/408/429 that outlasted them
-//! ([`Error::is_outcome_unknown`]). Other statuses (404, 401, ...) come back as
-//! ordinary responses.
+//! ([`Error::response`]): in progress when the retries ran out ([`Error::is_conflict`]),
+//! a reused key ([`Error::is_key_reused`]: the `key-reused` problem or the profile's
+//! equivalent), already executed ([`Error::is_already_executed`]), 5xx/408/429 that
+//! outlasted the retries ([`Error::is_outcome_unknown`]) or the retry budget
+//! ([`Error::is_retry_budget_exhausted`]). Other statuses (404, 401, a validation 422,
+//! ...) come back as ordinary responses.
 
+mod buffered;
 mod builder;
 mod error;
+mod flight;
 mod key;
 mod middleware;
 mod outcome;
+mod profile;
 mod request;
 mod response;
 mod retry;
@@ -96,8 +110,9 @@ mod retry;
 pub use builder::ClientBuilder;
 pub use error::Error;
 pub use middleware::IdempotencyKeyMiddleware;
+pub use profile::{AnswerMatch, KeyPlacement, VendorProfile};
 pub use request::{Attempt, RequestBuilderExt};
 pub use response::{IdempotencyInfo, ResponseExt};
 pub use retry::{
-    DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy, RetryMiddleware, default_policy,
+    DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy, RetryBudget, RetryMiddleware, default_policy,
 };

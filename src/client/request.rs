@@ -16,14 +16,19 @@ pub(crate) enum KeyChoice {
     Off,
 }
 
-/// The key a logical request carries, fixed by the first middleware that saw it; every
-/// later pass (a retry through the same extensions) reuses it. `passes` counts how many
-/// times the key middleware saw this logical request (once per attempt when it is
-/// placed inside another retry middleware).
-#[derive(Debug, Clone)]
-pub(crate) struct KeyInUse {
-    pub(crate) key: IdempotencyKey,
+/// What this crate's middlewares know of a logical request, in one entry of its
+/// extensions (one allocation, not one per fact): the key fixed by the first middleware
+/// that saw it, which every later pass (a retry through the same extensions) reuses;
+/// `passes`, how many times the key middleware saw this logical request (once per
+/// attempt when it is placed inside another retry middleware); and the attempt being
+/// sent (0 until this crate's retry loop sends one).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InFlight {
+    pub(crate) key: Option<IdempotencyKey>,
     pub(crate) passes: u32,
+    /// The key was generated at random by this crate (so no other call can carry it).
+    pub(crate) random: bool,
+    pub(crate) attempt: u32,
 }
 
 /// The number of the attempt being sent, set by the retry middleware in the request's
@@ -61,7 +66,23 @@ impl Attempt {
     /// The attempt recorded in `extensions`, if a retry middleware of this crate set one.
     #[must_use]
     pub fn get(extensions: &Extensions) -> Option<Attempt> {
-        extensions.get::<Attempt>().copied()
+        extensions
+            .get::<InFlight>()
+            .filter(|f| f.attempt > 0)
+            .map(|f| Attempt(f.attempt))
+    }
+
+    /// Records `attempt` in `extensions`.
+    pub(crate) fn set(extensions: &mut Extensions, attempt: u32) {
+        match extensions.get_mut::<InFlight>() {
+            Some(in_flight) => in_flight.attempt = attempt,
+            None => {
+                extensions.insert(InFlight {
+                    attempt,
+                    ..InFlight::default()
+                });
+            }
+        }
     }
 
     /// The attempt's number, counting from 1.
@@ -75,10 +96,8 @@ impl Attempt {
 /// crate's retry loop counts them exactly; without it, the key middleware's passes
 /// (once per attempt inside another retry middleware) are the best count there is.
 pub(crate) fn attempts_so_far(ext: &Extensions) -> u32 {
-    ext.get::<Attempt>()
-        .map(|a| a.0)
-        .or_else(|| ext.get::<KeyInUse>().map(|k| k.passes))
-        .unwrap_or(1)
+    ext.get::<InFlight>()
+        .map_or(1, |f| if f.attempt > 0 { f.attempt } else { f.passes })
         .max(1)
 }
 

@@ -1,7 +1,7 @@
 //! What the caller sees on every response: the key, the attempts, the replay flag.
 
 use crate::IdempotencyKey;
-use crate::protocol::headers::IDEMPOTENT_REPLAYED;
+use crate::protocol::headers;
 
 /// The idempotency facts of one logical request, stored in the extensions of the
 /// response that answered it (read them with [`ResponseExt::idempotency`]).
@@ -10,6 +10,7 @@ pub struct IdempotencyInfo {
     key: IdempotencyKey,
     attempts: u32,
     replayed: bool,
+    shared: bool,
 }
 
 impl IdempotencyInfo {
@@ -18,7 +19,12 @@ impl IdempotencyInfo {
             key,
             attempts,
             replayed,
+            shared: false,
         }
+    }
+
+    pub(crate) fn set_shared(&mut self, shared: bool) {
+        self.shared = shared;
     }
 
     /// The key every attempt carried.
@@ -40,11 +46,22 @@ impl IdempotencyInfo {
         self.attempts
     }
 
-    /// Whether the server replayed a stored response (`Idempotent-Replayed: true`)
-    /// instead of executing the request again.
+    /// Whether the server replayed a stored response instead of executing the request
+    /// again: `Idempotent-Replayed: true` or `Idempotency-Replayed: true`, the two
+    /// spellings in the wild ([`headers::is_replayed`]).
     #[must_use]
     pub fn replayed(&self) -> bool {
         self.replayed
+    }
+
+    /// Whether this answer came from a concurrent call of the same client with the same
+    /// key and request, whose one request this call shared instead of sending its own
+    /// ([`ClientBuilder::single_flight`](crate::client::ClientBuilder::single_flight)).
+    /// The body was read into memory to be shared; [`attempts`](Self::attempts) counts
+    /// that call's attempts.
+    #[must_use]
+    pub fn shared(&self) -> bool {
+        self.shared
     }
 }
 
@@ -74,14 +91,6 @@ impl ResponseExt for reqwest::Response {
     }
 }
 
-/// Whether the server marked the response as replayed.
-pub(crate) fn is_replayed(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get(IDEMPOTENT_REPLAYED)
-        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"))
-}
-
 /// Stores the facts in the response's extensions (updating what an inner layer put).
 pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, attempts: u32) {
     if let Some(info) = response.extensions_mut().get_mut::<IdempotencyInfo>() {
@@ -90,7 +99,7 @@ pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, a
             return;
         }
     }
-    let replayed = is_replayed(response);
+    let replayed = headers::is_replayed(response.headers());
     response
         .extensions_mut()
         .insert(IdempotencyInfo::new(key.clone(), attempts, replayed));

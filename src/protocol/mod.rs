@@ -12,5 +12,5 @@ pub mod problem;
 pub mod retry_after;
 pub mod status;
 
-pub use headers::KeyHeader;
+pub use headers::{KeyHeader, ReplayHeader};
 pub use problem::Problem;

@@ -126,14 +126,38 @@ problems! {
     ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response body failed";
 }
 
+/// Other verifiers' names for the same cases: idemkit 1.0 (`urn:idemkit:payload-mismatch`,
+/// `urn:idemkit:storage-error`, in `idemkit/problem_details.py`).
+const ALIASES: &[(&str, Problem)] = &[
+    ("payload-mismatch", Problem::KeyReused),
+    ("storage-error", Problem::StoreUnavailable),
+];
+
 impl Problem {
     /// The problem a `type` names: this crate's URN, or any URI whose last segment (after
     /// the last `:`, `/` or `#`) is a case name, as servers that mint their own type URIs
-    /// for the same cases send them. `None` for anything else (`about:blank`).
+    /// for the same cases send them, or another verifier's name for the same case
+    /// (idemkit's `payload-mismatch` is `key-reused`). `None` for anything else
+    /// (`about:blank`).
+    ///
+    /// ```
+    /// use idemkey::protocol::Problem;
+    /// assert_eq!(Problem::from_type("urn:idemkit:payload-mismatch"), Some(Problem::KeyReused));
+    /// assert_eq!(Problem::from_type("urn:idemkit:in-progress"), Some(Problem::InProgress));
+    /// ```
     #[must_use]
     pub fn from_type(type_uri: &str) -> Option<Self> {
         let case = type_uri.rsplit([':', '/', '#']).next().unwrap_or(type_uri);
-        Self::ALL.iter().copied().find(|p| p.name() == case)
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|p| p.name() == case)
+            .or_else(|| {
+                ALIASES
+                    .iter()
+                    .find(|(alias, _)| *alias == case)
+                    .map(|&(_, p)| p)
+            })
     }
 }
 

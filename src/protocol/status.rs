@@ -22,6 +22,42 @@ pub fn is_transient(status: StatusCode) -> bool {
         || status == StatusCode::TOO_MANY_REQUESTS
 }
 
+/// `true` for the answers that mean "an earlier request with this key is still running":
+/// `409 Conflict` (the IETF draft, Stripe, this crate's verifier) and `423 Locked`
+/// (idemkit 1.0's default mode, with `Retry-After`). The client retries them with the
+/// same key, unless the body says the key was reused for a different request.
+///
+/// ```
+/// use http::StatusCode;
+/// use idemkey::protocol::status::is_in_progress;
+/// assert!(is_in_progress(StatusCode::CONFLICT));
+/// assert!(is_in_progress(StatusCode::LOCKED));
+/// assert!(!is_in_progress(StatusCode::UNPROCESSABLE_ENTITY));
+/// ```
+#[must_use]
+pub fn is_in_progress(status: StatusCode) -> bool {
+    IN_PROGRESS.contains(&status)
+}
+
+/// The statuses of [`is_in_progress`]: `409 Conflict` and `423 Locked`.
+pub const IN_PROGRESS: [StatusCode; 2] = [StatusCode::CONFLICT, StatusCode::LOCKED];
+
+/// `true` for the answers no server hint makes retryable: `400 Bad Request` and
+/// `422 Unprocessable Content` say the request itself is wrong (or its key was reused),
+/// so sending it again cannot help.
+///
+/// ```
+/// use http::StatusCode;
+/// use idemkey::protocol::status::is_never_retried;
+/// assert!(is_never_retried(StatusCode::BAD_REQUEST));
+/// assert!(is_never_retried(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(!is_never_retried(StatusCode::CONFLICT));
+/// ```
+#[must_use]
+pub fn is_never_retried(status: StatusCode) -> bool {
+    status == StatusCode::BAD_REQUEST || status == StatusCode::UNPROCESSABLE_ENTITY
+}
+
 /// `true` for the answers that say the request was refused **as it was sent**, before
 /// anything was processed: `400 Bad Request` (malformed: unparsable or invalid
 /// parameters), `401 Unauthorized`, `403 Forbidden`, `404 Not Found`,

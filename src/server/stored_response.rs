@@ -3,12 +3,12 @@
 
 use bytes::Bytes;
 use http::response::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
+use http::{HeaderMap, HeaderName, Response, header};
 
 use super::body::ResponseBody;
 use super::record::Record;
 use super::rejection::Rejection;
-use crate::protocol::headers::IDEMPOTENT_REPLAYED;
+use crate::protocol::ReplayHeader;
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) and the length/encoding framing that the server
 /// recomputes; never stored.
@@ -63,10 +63,10 @@ fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
     out
 }
 
-/// The answer to a retry of a completed request: the stored response with
-/// `Idempotent-Replayed: true`, or the problem that stands for it (a response that was
-/// too large to keep under `limit`, a record that cannot be read).
-pub(crate) fn replay(payload: Bytes, limit: usize) -> Response<ResponseBody> {
+/// The answer to a retry of a completed request: the stored response marked with
+/// `marker` (`Idempotent-Replayed: true` by default), or the problem that stands for it
+/// (a response that was too large to keep under `limit`, a record that cannot be read).
+pub(crate) fn replay(payload: Bytes, limit: usize, marker: ReplayHeader) -> Response<ResponseBody> {
     match Record::decode(payload) {
         Ok(Record::Response {
             status,
@@ -77,7 +77,7 @@ pub(crate) fn replay(payload: Bytes, limit: usize) -> Response<ResponseBody> {
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
             resp.headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                .insert(marker.name(), ReplayHeader::value());
             resp
         }
         Ok(Record::TooLarge { size_at_least, .. }) => {
@@ -94,6 +94,7 @@ pub(crate) fn replay(payload: Bytes, limit: usize) -> Response<ResponseBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn hop_by_hop_framing_and_denied_headers_are_not_stored() {

@@ -4,6 +4,8 @@
 //! - here: connection strings of the shared stores, unique names for isolation, private
 //!   server processes that a test may kill (by pid), and [`serve`], the one loopback
 //!   server for an axum app;
+//! - [`client`]: a client with millisecond backoff, idemkey's typed error out of a
+//!   middleware error;
 //! - [`gate`]: the gate a handler waits at;
 //! - [`recorder`]: a server that records every request and answers from a script (the
 //!   client tests);
@@ -13,7 +15,9 @@
 //! - [`examples`]: the example programs run as processes;
 //! - [`raw`]: HTTP/1.1 over a raw TCP socket (stalled heads, short bodies,
 //!   `Expect: 100-continue`);
-//! - [`webhook`]: the example webhook receiver and provider-shaped deliveries.
+//! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
+//! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
+//!   versions into a cache folder.
 #![allow(
     dead_code,
     reason = "each test binary includes the whole tree and uses a part of it"
@@ -21,9 +25,11 @@
 
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
+pub(crate) mod client;
 pub(crate) mod examples;
 pub(crate) mod gate;
 pub(crate) mod moto;
+pub(crate) mod peers;
 pub(crate) mod raw;
 pub(crate) mod recorder;
 pub(crate) mod verifier;

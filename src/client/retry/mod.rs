@@ -1,10 +1,13 @@
 //! The idempotency-aware retry middleware: the loop ([`RetryMiddleware`]), the
-//! classification of answers ([`IdempotentRetryStrategy`]) and the waits between
-//! attempts ([`default_policy`], `Retry-After`).
+//! classification of answers ([`IdempotentRetryStrategy`]), the waits between attempts
+//! ([`default_policy`], the server's hints) and the retry budget ([`RetryBudget`]).
 
+mod budget;
 mod policy;
+mod resend;
 mod strategy;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -15,24 +18,43 @@ use reqwest_retry::{Retryable, RetryableStrategy};
 use retry_policies::RetryPolicy;
 use tokio::time::Instant;
 
+pub use self::budget::RetryBudget;
+use self::budget::Spent;
 pub use self::policy::{DEFAULT_RETRY_AFTER_CAP, default_policy};
+use self::resend::Resend;
 pub use self::strategy::IdempotentRetryStrategy;
 use super::error::{Error, Kind};
+use super::flight::{Flights, Identity};
 use super::key::KeyResolver;
 use super::outcome::{self, Last};
+use super::profile::{Class, VendorProfile};
 use super::request::Attempt;
 use crate::IdempotencyKey;
-use crate::protocol::status;
+use crate::protocol::{retry_after, status};
 
-/// Retries a keyed request with the same key, honouring `Retry-After`.
+/// Retries a keyed request with the same key, honouring the server's hints.
 ///
 /// It attaches the key first (as [`IdempotencyKeyMiddleware`](super::IdempotencyKeyMiddleware)
 /// does: one key per logical request, never replacing the caller's), then, unlike
-/// `reqwest_retry::RetryTransientMiddleware`, it reads `Retry-After` (seconds or HTTP
-/// date, capped), stops at an optional overall deadline, records the attempt number
-/// ([`Attempt`]) for inner middlewares and the response, and turns a final non-success
-/// into a typed [`Error`]. It reuses that crate's [`RetryableStrategy`] and
-/// `retry-policies`' [`RetryPolicy`], so your own plug in.
+/// `reqwest_retry::RetryTransientMiddleware`, it
+///
+/// - reads what each answer means under its [`VendorProfile`] (key reused, already
+///   executed, in progress: 409 and 423 by default), reading the (small) body of the
+///   answers whose meaning depends on it;
+/// - honours the server's retry hints: `x-should-retry` / `Stripe-Should-Retry`,
+///   `retry-after-ms`, `Retry-After` (seconds or HTTP date), in the order
+///   [`retry_after`](crate::protocol::retry_after) documents; a hint never makes a 400
+///   or 422 retryable, and a wait is capped and never passes the deadline;
+/// - stops at an optional overall deadline, and when the client-wide [`RetryBudget`]
+///   is used up;
+/// - lets concurrent calls with the same caller-chosen key and the same request share
+///   one flight ([`single_flight`](Self::single_flight));
+/// - records the attempt number ([`Attempt`]) for inner middlewares and the response,
+///   and turns a final non-success into a typed [`Error`].
+///
+/// It reuses `reqwest_retry`'s [`RetryableStrategy`] and `retry-policies`'
+/// [`RetryPolicy`], so your own plug in; the profile's rules and the server's hints
+/// apply on top of the strategy.
 ///
 /// What it retries: requests that carry a key, and requests whose method is idempotent
 /// by definition (GET, HEAD, OPTIONS, TRACE, PUT, DELETE). A POST or PATCH without a
@@ -42,27 +64,35 @@ use crate::protocol::status;
 /// for hand-made stacks.
 ///
 /// ```
-/// use idemkey::client::RetryMiddleware;
+/// use idemkey::client::{RetryMiddleware, VendorProfile};
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryMiddleware::new().deadline(std::time::Duration::from_secs(30)))
+///     .with(RetryMiddleware::new()
+///         .profile(VendorProfile::stripe())
+///         .deadline(std::time::Duration::from_secs(30)))
 ///     .build();
 /// # let _ = client;
 /// ```
 #[derive(Clone)]
 pub struct RetryMiddleware {
     keys: KeyResolver,
+    profile: Arc<VendorProfile>,
     policy: Arc<dyn RetryPolicy + Send + Sync>,
     strategy: Arc<dyn RetryableStrategy + Send + Sync>,
     retry_after_cap: Duration,
     deadline: Option<Duration>,
+    budget: Option<RetryBudget>,
+    flights: Option<Arc<Flights>>,
 }
 
 impl std::fmt::Debug for RetryMiddleware {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetryMiddleware")
             .field("keys", &self.keys)
+            .field("profile", &self.profile.name())
             .field("retry_after_cap", &self.retry_after_cap)
             .field("deadline", &self.deadline)
+            .field("budget", &self.budget)
+            .field("single_flight", &self.flights.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -71,20 +101,35 @@ impl Default for RetryMiddleware {
     fn default() -> Self {
         Self {
             keys: KeyResolver::default(),
+            profile: Arc::new(VendorProfile::standard()),
             policy: Arc::new(default_policy()),
             strategy: Arc::new(IdempotentRetryStrategy),
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
             deadline: None,
+            budget: Some(RetryBudget::standard()),
+            flights: Some(Arc::default()),
         }
     }
 }
 
 impl RetryMiddleware {
-    /// The defaults: keys in `Idempotency-Key` on POST and PATCH, [`default_policy`],
-    /// [`IdempotentRetryStrategy`], [`DEFAULT_RETRY_AFTER_CAP`], no deadline.
+    /// The defaults: keys in `Idempotency-Key` on POST and PATCH,
+    /// [`VendorProfile::standard`], [`default_policy`], [`IdempotentRetryStrategy`],
+    /// [`DEFAULT_RETRY_AFTER_CAP`], no deadline, [`RetryBudget::standard`], single
+    /// flight on.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Speaks this API's dialect: where the key goes and how long it may be, which
+    /// answers mean "key reused", "already executed" or "in progress", and which hints
+    /// are honoured. Replaces the key header set before.
+    #[must_use]
+    pub fn profile(mut self, profile: VendorProfile) -> Self {
+        self.keys.set_profile(&profile);
+        self.profile = Arc::new(profile);
+        self
     }
 
     /// Sends the key under this header instead of `Idempotency-Key` (a
@@ -117,7 +162,7 @@ impl RetryMiddleware {
         self
     }
 
-    /// The longest wait a server's `Retry-After` can ask for.
+    /// The longest wait a server's `Retry-After` (or `retry-after-ms`) can ask for.
     #[must_use]
     pub fn retry_after_cap(mut self, cap: Duration) -> Self {
         self.retry_after_cap = cap;
@@ -131,94 +176,232 @@ impl RetryMiddleware {
         self
     }
 
-    /// How long to wait before the next attempt, or `None` to stop.
-    fn wait_before_retry(
-        &self,
-        result: &reqwest_middleware::Result<Response>,
-        started: SystemTime,
-        retries_so_far: u32,
-    ) -> Option<Duration> {
-        if self.strategy.handle(result) != Some(Retryable::Transient) {
-            return None;
+    /// The retry budget this middleware's calls draw from (shared with every middleware
+    /// given a clone of it); [`RetryBudget::standard`] by default.
+    #[must_use]
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No retry budget: every call retries as its policy allows, however many fail.
+    #[must_use]
+    pub fn without_retry_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// Whether concurrent calls with the same key share one flight (on by default).
+    ///
+    /// With it, a call whose key the caller chose (a key header, a per-call key, a
+    /// derived key) joins a call of this middleware already in flight with the same key
+    /// and an equal request (method, URL, headers, body): it sends nothing and gets a
+    /// copy of that call's answer, response or typed error, instead of racing it into
+    /// a 409. To be shared, the answer's body is read into memory (the copies carry it
+    /// in full; [`IdempotencyInfo::shared`](crate::client::IdempotencyInfo::shared) is
+    /// `true` on the followers'). A call with the same key and a different request
+    /// waits for the flight to land and then sends its own request, so the server
+    /// judges it (usually `key_reused`). Random keys never meet, so calls with them
+    /// skip this step.
+    #[must_use]
+    pub fn single_flight(mut self, on: bool) -> Self {
+        self.flights = on.then(Arc::default);
+        self
+    }
+
+    /// Whether to retry after `result`, which the profile read as `class`.
+    fn wants_retry(&self, result: &reqwest_middleware::Result<Response>, class: Class) -> bool {
+        let hint = |r: &Response| {
+            retry_after::should_retry(r.headers(), self.profile.should_retry_headers())
+        };
+        match (class, result) {
+            (Class::KeyReused | Class::AlreadyExecuted, _) => false,
+            (Class::InProgress, Ok(r)) => hint(r) != Some(false),
+            (_, Ok(r)) if r.status().as_u16() >= 400 => match hint(r) {
+                Some(false) => false,
+                Some(true) if !status::is_never_retried(r.status()) => true,
+                _ => self.strategy.handle(result) == Some(Retryable::Transient),
+            },
+            _ => self.strategy.handle(result) == Some(Retryable::Transient),
         }
-        policy::next_wait(
-            &*self.policy,
-            result.as_ref().ok(),
-            started,
-            retries_so_far,
-            self.retry_after_cap,
-        )
+    }
+
+    /// Sends the logical request: the attempts, the waits, the typed result.
+    ///
+    /// An `async` block rather than an `async fn`: the future holds the arguments once
+    /// (an `async fn` keeps a second copy of each, and this future is boxed per request).
+    #[allow(clippy::manual_async_fn)]
+    fn send<'a>(
+        &'a self,
+        mut request: Outgoing,
+        ext: &'a mut Extensions,
+        next: Next<'a>,
+        key: Option<IdempotencyKey>,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let single_shot = matches!(request, Outgoing::Once(_));
+            let started = SystemTime::now();
+            let mut attempt = 0u32;
+            let mut spent: Option<Spent> = None;
+            let last = loop {
+                attempt += 1;
+                Attempt::set(ext, attempt);
+                #[allow(clippy::expect_used)]
+                let this = match &mut request {
+                    Outgoing::Once(req) => req
+                        .take()
+                        .expect("a single shot is sent once: the loop ends after its answer"),
+                    Outgoing::Copies(resend) => resend.copy(),
+                };
+                let run = next.clone().run(this, ext);
+                let result = match deadline {
+                    // Rare paths are boxed: they would otherwise grow every request's future.
+                    Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
+                        Ok(result) => result,
+                        Err(_) => break Last::DeadlinePassed,
+                    },
+                    None => run.await,
+                };
+                let (result, class) = if key.is_none() {
+                    (result, Class::Other)
+                } else if let Some(class) = outcome::classify(&result, &self.profile) {
+                    (result, class)
+                } else {
+                    #[allow(clippy::expect_used)]
+                    let response = result.expect("classify() asks for the body of responses only");
+                    let read = outcome::classify_with_body(response, &self.profile, deadline);
+                    match Box::pin(read).await {
+                        Some(judged) => judged,
+                        None => break Last::DeadlinePassed,
+                    }
+                };
+                if single_shot || !self.wants_retry(&result, class) {
+                    break Last::Answer(result, class);
+                }
+                let Some(wait) = policy::next_wait(
+                    &*self.policy,
+                    result.as_ref().ok(),
+                    started,
+                    attempt - 1,
+                    self.retry_after_cap,
+                ) else {
+                    break Last::Answer(result, class);
+                };
+                // A wait that ends at or past the deadline (or past what an `Instant` can
+                // hold) is not worth starting.
+                if deadline
+                    .is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at))
+                {
+                    break Last::Answer(result, class);
+                }
+                if let Some(budget) = &self.budget {
+                    let after_timeout = matches!(&result, Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout());
+                    match budget.try_spend(after_timeout) {
+                        Some(s) => spent = Some(s),
+                        None => break Last::BudgetExhausted(result),
+                    }
+                }
+                tracing::debug!(
+                    attempt,
+                    ?wait,
+                    key = key.as_ref().map(IdempotencyKey::as_str),
+                    "retrying with the same idempotency key"
+                );
+                drop(result);
+                Box::pin(tokio::time::sleep(wait)).await;
+            };
+            if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last) {
+                if r.status().as_u16() < 400 {
+                    budget.succeeded(spent);
+                }
+            }
+            outcome::finish(key, attempt, last, self.deadline)
+        }
     }
 }
 
-#[async_trait::async_trait]
+// Written out instead of `#[async_trait]`: the checks before the first attempt run
+// here, synchronously, and only the loop's own future is boxed.
 impl Middleware for RetryMiddleware {
-    async fn handle(
-        &self,
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
         mut req: Request,
-        ext: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let key = self.keys.attach(&mut req, ext)?;
+        ext: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        let resolved = match self.keys.attach(&mut req, ext) {
+            Ok(resolved) => resolved,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        };
+        let key = resolved.as_ref().map(|r| r.key.clone());
         let replayable = req.body().is_none_or(|b| b.as_bytes().is_some());
         if let (Some(key), false) = (&key, replayable) {
-            let key = key.clone();
-            return Err(Error::new(Kind::BodyNotReplayable { key }, 0, None).into());
+            let err = Error::new(Kind::BodyNotReplayable { key: key.clone() }, 0, None);
+            return Box::pin(std::future::ready(Err(err.into())));
         }
         // A POST or PATCH without a key, or a stream without a key, is sent once; the
         // deadline still bounds it.
         let single_shot = !replayable || (key.is_none() && !status::is_idempotent(req.method()));
-        let started = SystemTime::now();
+        let request = if single_shot {
+            Outgoing::Once(Some(req))
+        } else {
+            match Resend::new(req) {
+                Some(resend) => Outgoing::Copies(resend),
+                None => return Box::pin(std::future::ready(Err(body_lost(key)))),
+            }
+        };
         // A deadline too far away to represent (`Duration::MAX`) is no deadline.
         let deadline = self.deadline.and_then(|d| Instant::now().checked_add(d));
-        let mut original = Some(req);
-        let mut attempt = 0u32;
-        let last = loop {
-            attempt += 1;
-            ext.insert(Attempt(attempt));
-            #[allow(clippy::expect_used)]
-            let this = if single_shot {
-                original
-                    .take()
-                    .expect("a single shot is sent once: the loop ends after its answer")
-            } else {
-                original
-                    .as_ref()
-                    .and_then(Request::try_clone)
-                    .expect("only a streaming body fails to clone, and those are single shots")
-            };
-            let run = next.clone().run(this, ext);
-            let result = match deadline {
-                // Rare paths are boxed: they would otherwise grow every request's future.
-                Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
-                    Ok(result) => result,
-                    Err(_) => break Last::DeadlinePassed,
-                },
-                None => run.await,
-            };
-            let wait = if single_shot {
-                None
-            } else {
-                self.wait_before_retry(&result, started, attempt - 1)
-            };
-            let Some(wait) = wait else {
-                break Last::Answer(result);
-            };
-            // A wait that ends at or past the deadline (or past what an `Instant` can
-            // hold) is not worth starting.
-            if deadline.is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at)) {
-                break Last::Answer(result);
+        match (&self.flights, resolved) {
+            (Some(flights), Some(resolved)) if !resolved.random => {
+                let identity = Identity::of(request.request());
+                Box::pin(flights.run(resolved.key, identity, deadline, move || {
+                    self.send(request, ext, next, key, deadline)
+                }))
             }
-            tracing::debug!(
-                attempt,
-                ?wait,
-                key = key.as_ref().map(IdempotencyKey::as_str),
-                "retrying with the same idempotency key"
-            );
-            drop(result);
-            Box::pin(tokio::time::sleep(wait)).await;
-        };
-        let last = outcome::classify(last, key.is_some(), deadline).await;
-        outcome::finish(key, attempt, last, self.deadline)
+            _ => Box::pin(self.send(request, ext, next, key, deadline)),
+        }
+    }
+}
+
+/// What the loop sends: a single shot once, or copies of a request it keeps.
+enum Outgoing {
+    Once(Option<Request>),
+    Copies(Resend),
+}
+
+impl Outgoing {
+    #[allow(clippy::expect_used)]
+    fn request(&self) -> &Request {
+        match self {
+            Self::Once(req) => req.as_ref().expect("taken only by the loop"),
+            Self::Copies(resend) => resend.original(),
+        }
+    }
+}
+
+/// The error for a body that [`Resend::new`] could not keep: not expected from
+/// reqwest's in-memory bodies, but a clear error rather than a request sent without it.
+fn body_lost(key: Option<IdempotencyKey>) -> reqwest_middleware::Error {
+    let why = "the request body could not be kept for resending; nothing was sent";
+    match key {
+        Some(key) => Error::new(
+            Kind::OutcomeUnknown {
+                key,
+                cause: why.into(),
+                source: None,
+            },
+            0,
+            None,
+        )
+        .into(),
+        None => reqwest_middleware::Error::middleware(std::io::Error::other(why)),
     }
 }

@@ -23,7 +23,8 @@ pub fn default_policy() -> ExponentialBackoff {
 }
 
 /// The wait before retry number `retries_so_far + 1`, or `None` when the policy says
-/// stop. A server's `Retry-After` replaces the backoff, capped at `cap`.
+/// stop. The wait a server asks for (`retry-after-ms`, else `Retry-After`) replaces the
+/// backoff, capped at `cap`.
 pub(super) fn next_wait(
     policy: &(dyn RetryPolicy + Send + Sync),
     answer: Option<&Response>,
@@ -37,6 +38,6 @@ pub(super) fn next_wait(
     };
     let now = SystemTime::now();
     let backoff = execute_after.duration_since(now).unwrap_or_default();
-    let asked = answer.and_then(|r| retry_after::from_headers(r.headers(), now));
+    let asked = answer.and_then(|r| retry_after::asked_wait(r.headers(), now));
     Some(asked.map_or(backoff, |asked| asked.min(cap)))
 }

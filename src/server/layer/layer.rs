@@ -10,9 +10,9 @@ use tower_layer::Layer;
 use super::service::Idempotency;
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprinter;
-use crate::protocol::Problem;
 use crate::protocol::problem::KEY_REUSED_STRIPE_STATUS;
 use crate::protocol::status::is_safe;
+use crate::protocol::{Problem, ReplayHeader};
 use crate::server::engine::Engine;
 use crate::server::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
 use crate::server::policy::OutcomePolicy;
@@ -65,6 +65,7 @@ pub(super) struct Config {
     pub(super) stored_response_limit: usize,
     pub(super) deny: Vec<HeaderName>,
     pub(super) key_reused_status: StatusCode,
+    pub(super) replay_header: ReplayHeader,
 }
 
 /// Applies the verifier to a service: every keyed request runs at most once; retries get
@@ -143,6 +144,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("stored_response_limit", &self.cfg.stored_response_limit)
             .field("deny", &self.cfg.deny)
             .field("key_reused_status", &self.cfg.key_reused_status)
+            .field("replay_header", &self.cfg.replay_header)
             .finish_non_exhaustive()
     }
 }
@@ -174,6 +176,7 @@ impl IdempotencyLayer {
                 stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
                 deny: vec![header::SET_COOKIE],
                 key_reused_status: Problem::KeyReused.default_status(),
+                replay_header: ReplayHeader::default(),
             }),
         }
     }
@@ -346,6 +349,24 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn stripe_compatible(self) -> Self {
         self.key_reused_status(KEY_REUSED_STRIPE_STATUS)
+    }
+
+    /// The header replayed responses are marked with: `Idempotent-Replayed: true` (the
+    /// default, Stripe's spelling) or `Idempotency-Replayed: true`
+    /// ([`ReplayHeader::IdempotencyReplayed`], the spelling clients written for idemkit
+    /// or fastapi-idempotency-key expect). This crate's client reads both.
+    ///
+    /// ```
+    /// use idemkey::protocol::ReplayHeader;
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .replay_header(ReplayHeader::IdempotencyReplayed);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn replay_header(self, header: ReplayHeader) -> Self {
+        self.with(|c| c.replay_header = header)
     }
 
     /// The engine this layer runs on.

@@ -148,9 +148,11 @@ where
             // outcome is recorded.
             DetachOnDrop::new(execute(cfg, inner, req, exec)).await
         }
-        Ok(Claimed::Replay(payload)) => {
-            Ok(stored_response::replay(payload, cfg.stored_response_limit))
-        }
+        Ok(Claimed::Replay(payload)) => Ok(stored_response::replay(
+            payload,
+            cfg.stored_response_limit,
+            cfg.replay_header,
+        )),
         Ok(Claimed::Unguarded) => Ok(inner.call(req).await?.map(ResponseBody::wrap)),
         Ok(Claimed::InProgress { retry_after }) => {
             Ok(Rejection::in_progress(retry_after).into_response())

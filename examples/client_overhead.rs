@@ -1,0 +1,112 @@
+//! The client stack's cost per request, in a form that an instruction counter can
+//! measure without the noise of a shared machine: N loopback POSTs through one client
+//! kind, to a server on its own thread.
+//!
+//! ```sh
+//! cargo build --release --example client_overhead
+//! for kind in stack by_hand retry_by_hand bare; do
+//!   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file=cg.$kind \
+//!     target/release/examples/client_overhead $kind 5000
+//! done
+//! grep -m1 summary cg.*-01   # the client thread; divide by 5000
+//! ```
+//!
+//! Kinds: `stack` (idemkey's default stack, everything on), `by_hand` (a
+//! reqwest-middleware client that sets a random key header by hand: the floor),
+//! `retry_by_hand` (that, plus reqwest-retry's middleware), `bare` (reqwest alone).
+
+use std::hint::black_box;
+use std::process::ExitCode;
+
+use idemkey::IdempotencyKey;
+use idemkey::client::ClientBuilder;
+
+const BODY: &str = r#"{"amount":1000,"currency":"eur"}"#;
+
+/// `POST` to a loopback server on its own thread and runtime, answering 200.
+fn start_server() -> Result<String, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let served = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+            .and_then(|rt| {
+                rt.block_on(async {
+                    let app = axum::Router::new().fallback(|| async { r#"{"id":"ch_1"}"# });
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                    let _ = tx.send(Ok(format!("http://{}/charges", listener.local_addr()?)));
+                    axum::serve(listener, app).await
+                })
+                .map_err(|e| e.to_string())
+            });
+        if let Err(e) = served {
+            let _ = tx.send(Err(e));
+        }
+    });
+    rx.recv().map_err(|e| e.to_string())?
+}
+
+async fn run(kind: &str, url: &str, n: u32) -> Result<(), String> {
+    let by_hand = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
+    let retry_by_hand = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            idemkey::client::default_policy(),
+        ))
+        .build();
+    let stack = ClientBuilder::new(reqwest::Client::new()).build();
+    let bare = reqwest::Client::new();
+    for _ in 0..n {
+        let response = match kind {
+            "stack" => stack.post(url).body(BODY).send().await,
+            "by_hand" | "retry_by_hand" => {
+                let client = if kind == "by_hand" {
+                    &by_hand
+                } else {
+                    &retry_by_hand
+                };
+                let key = IdempotencyKey::random().to_header_value();
+                client
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .body(BODY)
+                    .send()
+                    .await
+            }
+            "bare" => bare
+                .post(url)
+                .body(BODY)
+                .send()
+                .await
+                .map_err(reqwest_middleware::Error::from),
+            other => return Err(format!("unknown kind {other}")),
+        };
+        let body = response
+            .map_err(|e| e.to_string())?
+            .bytes()
+            .await
+            .map_err(|e| e.to_string())?;
+        black_box(body);
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let kind = args.next().unwrap_or_else(|| "stack".into());
+    let n = args.next().and_then(|s| s.parse().ok()).unwrap_or(5000);
+    let result = start_server().and_then(|url| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?
+            .block_on(run(&kind, &url, n))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("client_overhead {kind}: {e} (kinds: stack, by_hand, retry_by_hand, bare)");
+            ExitCode::FAILURE
+        }
+    }
+}
