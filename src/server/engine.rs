@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::execution::{Execution, Lease, Recordings};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
-use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError};
+use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
 
 /// Default lease of a claim: how long a crashed owner blocks its key.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
@@ -316,6 +316,72 @@ impl Engine {
     /// ```
     pub async fn wait_for_recordings(&self) {
         self.cfg.recordings.wait_idle().await;
+    }
+
+    /// Looks up the record of `key` within `scope`, addressed the way requests address
+    /// it (scope and key hashed into a [`RecordId`]; neither is stored raw): its state,
+    /// fingerprint, times and stored size. `None` when there is no live record.
+    ///
+    /// For operators: what a stuck or disputed key holds, without reading the store by
+    /// hand.
+    ///
+    /// # Errors
+    /// The store's, including [`StoreError::is_unsupported`] for a store of your own
+    /// that does not implement [`Store::inspect`].
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::{Claimed, Engine};
+    /// use idemkey::store::{MemoryStore, RecordState};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let key = IdempotencyKey::new("order-42")?;
+    /// let Claimed::Execute(exec) = engine.claim("tenant-a", &key, &Fingerprint::of_bytes(b"x")).await? else { unreachable!() };
+    /// let info = engine.inspect("tenant-a", "order-42").await?.expect("claimed");
+    /// assert_eq!(info.state, RecordState::InProgress);
+    /// assert!(engine.inspect("tenant-b", "order-42").await?.is_none());
+    /// # drop(exec); Ok(()) }
+    /// ```
+    pub async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.cfg.store.inspect(&RecordId::new(scope, key)).await
+    }
+
+    /// Removes the record of `key` within `scope` whatever its state: a stuck claim is
+    /// freed at once (its owner, if it still runs, is fenced and cannot complete
+    /// afterwards) and a completed record is forgotten, so the next request with the
+    /// key runs again. Returns `true` when there was a record to remove.
+    ///
+    /// # Errors
+    /// The store's, including [`StoreError::is_unsupported`].
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::{Claimed, Engine};
+    /// use idemkey::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let (key, fp) = (IdempotencyKey::new("order-42")?, Fingerprint::of_bytes(b"x"));
+    /// let Claimed::Execute(stuck) = engine.claim("t", &key, &fp).await? else { unreachable!() };
+    /// assert!(engine.force_release("t", "order-42").await?);
+    /// assert!(matches!(engine.claim("t", &key, &fp).await?, Claimed::Execute(_)));
+    /// assert!(stuck.complete("late".into()).await.is_err()); // fenced
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release(&self, scope: &str, key: &str) -> Result<bool, StoreError> {
+        self.cfg
+            .store
+            .force_release(&RecordId::new(scope, key))
+            .await
+    }
+
+    /// Up to `limit` records in progress, oldest claim first (live ones and abandoned
+    /// ones whose lease expired): where to look for stuck keys.
+    ///
+    /// # Errors
+    /// The store's, including [`StoreError::is_unsupported`] where the store cannot
+    /// list efficiently.
+    pub async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        self.cfg.store.list_in_progress(limit).await
     }
 
     /// Claims `key` within `scope` for a request with `fingerprint`: the one way to a
