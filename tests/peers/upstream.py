@@ -1,7 +1,8 @@
 # A plain charge API with no idempotency of its own, for the `idemkey proxy` tests: it
 # counts executions so a test can tell how often a charge ran behind the proxy.
 #
-#     python3 upstream.py        prints "PORT <n>", then serves on 127.0.0.1:<n>
+#     python3 upstream.py [PORT]   prints "PORT <n>", then serves on 127.0.0.1:<n>
+#                                  (a free port unless PORT is given)
 #
 # POST /v1/charges (form or JSON: amount, optional delay_ms) answers
 # {"id": "ch_<n>", "object": "charge", "amount": ...}; GET /stats answers
@@ -58,6 +59,7 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(200, {"id": f"ch_{n}", "object": "charge", "amount": int(fields.get("amount") or 0)})
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 print(f"PORT {server.server_address[1]}", flush=True)
 server.serve_forever()
