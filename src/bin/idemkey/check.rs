@@ -791,3 +791,47 @@ async fn server_error_case(
     };
     case("5xx", verdict, summary, vec![first, again, then])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_body_changes_the_first_number_or_adds_a_field() {
+        assert_eq!(
+            vary(r#"{"amount":100,"currency":"eur"}"#).expect("varied"),
+            r#"{"amount":101,"currency":"eur"}"#
+        );
+        assert_eq!(
+            vary(r#"{"items":[{"qty":1.5}]}"#).expect("varied"),
+            r#"{"items":[{"qty":2.5}]}"#
+        );
+        assert_eq!(
+            vary(r#"{"name":"x"}"#).expect("varied"),
+            r#"{"idemkey_check":"another request","name":"x"}"#
+        );
+        assert!(
+            vary("amount=100")
+                .expect_err("not JSON")
+                .contains("--other-data")
+        );
+        assert!(vary(r#""text""#).is_err());
+    }
+
+    #[test]
+    fn loopback_addresses_are_this_machine() {
+        let url = |u: &str| reqwest::Url::parse(u).expect("a URL");
+        assert!(is_loopback(&url("http://127.0.0.1:3000/")));
+        assert!(is_loopback(&url("http://127.8.0.1/")));
+        assert!(is_loopback(&url("http://[::1]:80/")));
+        assert!(is_loopback(&url("http://localhost/")));
+        assert!(!is_loopback(&url("http://api.example.com/")));
+        assert!(!is_loopback(&url("http://10.0.0.1/")));
+    }
+
+    #[test]
+    fn header_names_are_shown_capitalised() {
+        assert_eq!(display_name("idempotent-replayed"), "Idempotent-Replayed");
+        assert_eq!(display_name("retry-after"), "Retry-After");
+    }
+}
