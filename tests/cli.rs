@@ -1,7 +1,8 @@
 //! The `idemkey` command line, run as the built binary: `check` against the examples'
 //! charge app (every case passes) and against small servers broken one way each (that
 //! case fails, and only it); `proxy` in front of a Python API with no idempotency of its
-//! own, driven by stripe-node through `--faults`; `--audit`; a graceful shutdown;
+//! own, driven by stripe-node through `--faults` (and, as the control, the same faults
+//! with `--no-verify`, where lost answers run twice); `--audit`; a graceful shutdown;
 //! `inspect`, `release` and `stuck` on a SQLite store.
 
 mod support;
@@ -319,6 +320,34 @@ async fn proxy_runs_each_stripe_node_call_once_through_faults() {
         "one execution per call although {lost} answers were lost: {faults}"
     );
     let _ = std::fs::remove_file(routes);
+}
+
+/// The control of the test above: the same faults with `--no-verify` let every lost
+/// answer's retry run again upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_without_the_verifier_lets_lost_answers_run_twice() {
+    let upstream = PythonVerifier::start_script("upstream.py", &[]).await;
+    let proxy = Proxy::start(&[
+        "--upstream",
+        &upstream.url(""),
+        "--no-verify",
+        "--faults",
+        "lose=0.3,reset=0.1",
+        "--seed",
+        "7",
+    ]);
+    let calls = 8;
+    let lines = node_client_retrying("stripe", &proxy.url(""), calls, 6).await;
+    assert_eq!(lines.len(), calls, "{lines:?}");
+    let lost = proxy.health().await["faults"]["lost_responses"]
+        .as_u64()
+        .expect("count");
+    assert!(lost > 0, "the seed loses answers");
+    assert_eq!(
+        upstream.executions().await,
+        calls as u64 + lost,
+        "each lost answer ran its charge once more"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
