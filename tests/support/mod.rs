@@ -16,6 +16,7 @@
 //! - [`raw`]: HTTP/1.1 over a raw TCP socket (stalled heads, short bodies,
 //!   `Expect: 100-continue`);
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
+//! - [`cli`]: the `idemkey` command line, one-shot and as a proxy (feature `cli`);
 //! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
 //!   versions into a cache folder.
 #![allow(
@@ -25,6 +26,8 @@
 
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
+#[cfg(feature = "cli")]
+pub(crate) mod cli;
 pub(crate) mod client;
 pub(crate) mod examples;
 pub(crate) mod gate;
