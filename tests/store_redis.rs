@@ -355,14 +355,30 @@ async fn outage_is_unavailable_and_recovers() {
 }
 
 #[tokio::test]
-async fn unreachable_redis_is_unavailable() {
-    let url = format!("redis://127.0.0.1:{}", support::free_port());
+async fn unreachable_redis_is_unavailable_and_a_bad_url_is_a_configuration_error() {
+    let port = support::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
     let err = RedisStore::connect(&url)
         .await
         .expect_err("nothing listens there");
-    assert!(err.is_unavailable(), "{err}");
+    assert!(err.is_unavailable() && !err.is_configuration(), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "names the address tried: {err}"
+    );
     let err = RedisStore::connect("not a url")
         .await
         .expect_err("invalid URL");
-    assert!(err.is_unavailable(), "{err}");
+    assert!(err.is_configuration(), "{err}");
+
+    // The shared Redis has 16 databases (0 to 15): 99 is out of range.
+    let url = format!("{}/99", support::redis_url().trim_end_matches('/'));
+    let err = RedisStore::connect(&url).await.expect_err("no database 99");
+    assert!(err.is_configuration() && !err.is_unavailable(), "{err}");
+    assert!(err.to_string().contains("database number"), "{err}");
+    let opened = idemkey::store::open(&url)
+        .await
+        .err()
+        .expect("no database 99");
+    assert!(opened.is_configuration(), "{opened}");
 }

@@ -421,7 +421,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 /// A store operation that failed.
 ///
 /// Query the kind with [`StoreError::is_fenced`], [`StoreError::is_unavailable`],
-/// [`StoreError::is_corrupt`] and [`StoreError::is_unsupported`].
+/// [`StoreError::is_configuration`], [`StoreError::is_corrupt`] and
+/// [`StoreError::is_unsupported`].
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct StoreError {
@@ -434,6 +435,7 @@ pub struct StoreError {
 enum StoreErrorKind {
     Fenced,
     Unavailable(String),
+    Configuration(String),
     Corrupt(String),
     Unsupported(&'static str),
 }
@@ -445,6 +447,7 @@ impl fmt::Display for StoreErrorKind {
                 "the fencing token no longer holds this record (another request took it over after its lease expired, or it was released, force-released or completed, or it expired); nothing was written",
             ),
             Self::Unavailable(m) => write!(f, "the idempotency store is unreachable or failing: {m}; retry later"),
+            Self::Configuration(m) => write!(f, "the idempotency store is misconfigured: {m}; retrying will not help"),
             Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
             Self::Unsupported(op) => write!(f, "this idempotency store does not implement `{op}`: use one of idemkey's stores (they all do), or look the record up with the backing database's own tools"),
         }
@@ -469,6 +472,39 @@ impl StoreError {
     ) -> Self {
         Self {
             kind: StoreErrorKind::Unavailable(what.into()),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store's configuration is wrong (a database that does not exist, a user the
+    /// server refuses, a Redis database number out of range, a file in a directory that
+    /// does not exist, an invalid table name): retrying will not help. `what` says what
+    /// to fix.
+    ///
+    /// ```
+    /// let e = idemkey::store::StoreError::configuration("database \"app\" does not exist");
+    /// assert!(e.is_configuration() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("does not exist"));
+    /// ```
+    #[must_use]
+    pub fn configuration(what: impl Into<String>) -> Self {
+        Self {
+            kind: StoreErrorKind::Configuration(what.into()),
+            source: None,
+        }
+    }
+
+    /// [`StoreError::configuration`], keeping the driver's error as the source.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn configuration_from(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind: StoreErrorKind::Configuration(what.into()),
             source: Some(source.into()),
         }
     }
@@ -509,6 +545,13 @@ impl StoreError {
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Unavailable(_))
+    }
+
+    /// `true` when the store's configuration is wrong and retrying will not help
+    /// ([`StoreError::configuration`]): fix what the message names.
+    #[must_use]
+    pub fn is_configuration(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Configuration(_))
     }
 
     /// `true` when a record could not be decoded.

@@ -27,7 +27,7 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
-use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use ::redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Script, Value};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
@@ -291,7 +291,9 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the URL is invalid or Redis cannot be reached.
+    /// [`StoreError::is_configuration`] when the URL is invalid or Redis refuses its
+    /// password, user or database number; [`StoreError::is_unavailable`] when Redis
+    /// cannot be reached (the message names the host and port tried).
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let mut conn = if self.cluster {
             let client = ClusterClient::builder(self.urls.iter().map(String::as_str))
@@ -308,7 +310,13 @@ impl RedisStoreBuilder {
             )
         } else {
             let url = self.urls.first().map_or("", String::as_str);
-            let client = Client::open(url).map_err(|e| unavailable("reading the URL", e))?;
+            let client = Client::open(url).map_err(|e| {
+                StoreError::configuration_from(
+                    format!("Redis: the URL {url:?} is invalid ({e})"),
+                    e,
+                )
+            })?;
+            let at = client.get_connection_info().addr().to_string();
             let config = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(self.response_timeout))
                 .set_connection_timeout(Some(self.connection_timeout))
@@ -318,7 +326,7 @@ impl RedisStoreBuilder {
             Conn::Single(
                 ConnectionManager::new_with_config(client, config)
                     .await
-                    .map_err(|e| unavailable("connecting", e))?,
+                    .map_err(|e| connect_failed(&at, e))?,
             )
         };
         let scripts = Scripts::new();
@@ -507,6 +515,26 @@ impl RedisStore {
         } else {
             Err(StoreError::fenced())
         }
+    }
+}
+
+/// A failed connection to the Redis at `at` (host:port): a configuration error when
+/// Redis answered the connection's setup with a refusal (a wrong password or user, a
+/// database number out of range) or the client's settings are invalid; otherwise
+/// unavailable, naming the address tried.
+fn connect_failed(at: &str, e: RedisError) -> StoreError {
+    match e.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig | ErrorKind::Server(_) => {
+            StoreError::configuration_from(
+                format!(
+                    "Redis at {at} refused the connection's setup ({e}); check the password, \
+                     user and database number in the URL (a database is 0 to one less than \
+                     the server's `databases` setting, 16 by default)"
+                ),
+                e,
+            )
+        }
+        _ => StoreError::unavailable(format!("Redis: connecting to {at} failed ({e})"), e),
     }
 }
 
