@@ -19,9 +19,7 @@
 //! A phase's Redis CPU is the `usec` of the commands its clients sent: Redis counts the
 //! commands a Lua script calls as well, inside the script's own `usec`, so a phase that
 //! ran scripts is counted by its `EVAL`/`EVALSHA` lines alone (each phase sends either
-//! scripts only or plain commands only). Also printed: the server process's CPU time
-//! (`used_cpu_user + used_cpu_sys` of `INFO cpu`), which adds reading and writing the
-//! sockets. The figures go to standard error.
+//! scripts only or plain commands only). The figures go to standard error.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -78,18 +76,14 @@ fn start_server() -> Result<Server, String> {
     ))
 }
 
-/// `(calls, usec)` per command, and the process CPU seconds.
-async fn stats(
-    admin: &mut MultiplexedConnection,
-) -> Result<(HashMap<String, (u64, u64)>, f64), String> {
+/// `(calls, usec)` per command.
+async fn stats(admin: &mut MultiplexedConnection) -> Result<HashMap<String, (u64, u64)>, String> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .arg("cpu")
         .query_async(admin)
         .await
         .map_err(|e| format!("INFO: {e}"))?;
     let mut commands = HashMap::new();
-    let mut cpu = 0.0;
     for line in info.lines() {
         if let Some((name, rest)) = line
             .strip_prefix("cmdstat_")
@@ -103,20 +97,14 @@ async fn stats(
             };
             commands.insert(name.to_owned(), (field("calls="), field("usec=")));
         }
-        for f in ["used_cpu_user:", "used_cpu_sys:"] {
-            if let Some(v) = line.strip_prefix(f) {
-                cpu += v.trim().parse::<f64>().unwrap_or(0.0);
-            }
-        }
     }
-    Ok((commands, cpu))
+    Ok(commands)
 }
 
-/// One phase's figures: Redis CPU (µs) per operation by commandstats and by process CPU,
-/// and the commands sent per operation.
+/// One phase's figures: Redis CPU (µs) per operation by commandstats, and the commands
+/// run per operation.
 struct Cost {
     usec: f64,
-    process_usec: f64,
     calls: String,
 }
 
@@ -131,7 +119,6 @@ where
         .query_async::<()>(admin)
         .await
         .map_err(|e| format!("CONFIG RESETSTAT: {e}"))?;
-    let (_, cpu_before) = stats(admin).await?;
     let op = Arc::new(op);
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..CLIENTS {
@@ -146,7 +133,7 @@ where
     while let Some(done) = tasks.join_next().await {
         done.map_err(|e| format!("a client task failed: {e}"))??;
     }
-    let (commands, cpu_after) = stats(admin).await?;
+    let commands = stats(admin).await?;
     let sent: Vec<_> = commands
         .iter()
         .filter(|(name, _)| !matches!(name.as_str(), "info" | "config|resetstat" | "config"))
@@ -172,7 +159,6 @@ where
     calls.sort();
     Ok(Cost {
         usec: usec as f64 / n as f64,
-        process_usec: (cpu_after - cpu_before) * 1e6 / n as f64,
         calls: calls.join(", "),
     })
 }
@@ -285,7 +271,7 @@ async fn run(n: usize) -> Result<(), String> {
     let fresh = claims.usec + completes.usec;
     let floor_fresh = floor_claims.usec + floor_completes.usec;
     eprintln!("Redis CPU per operation, {n} operations per phase, {CLIENTS} clients");
-    eprintln!("(commandstats usec; process CPU in parentheses; commands sent per operation)");
+    eprintln!("(commandstats usec; commands run per operation × usec per call)");
     for (what, c) in [
         ("store claim (fresh)", &claims),
         ("store complete", &completes),
@@ -294,10 +280,7 @@ async fn run(n: usize) -> Result<(), String> {
         ("floor SET PX", &floor_completes),
         ("floor SET NX PX (present)", &floor_replays),
     ] {
-        eprintln!(
-            "  {what:<28} {:>6.2} µs  ({:>6.2} µs)  [{}]",
-            c.usec, c.process_usec, c.calls
-        );
+        eprintln!("  {what:<28} {:>6.2} µs  [{}]", c.usec, c.calls);
     }
     eprintln!(
         "fresh request: {fresh:.2} µs vs floor {floor_fresh:.2} µs = {:.2}x",
@@ -308,12 +291,6 @@ async fn run(n: usize) -> Result<(), String> {
         replays.usec,
         floor_replays.usec,
         replays.usec / floor_replays.usec
-    );
-    eprintln!(
-        "process CPU: fresh {:.2}x, replay {:.2}x of the floor",
-        (claims.process_usec + completes.process_usec)
-            / (floor_claims.process_usec + floor_completes.process_usec),
-        replays.process_usec / floor_replays.process_usec
     );
     Ok(())
 }

@@ -42,14 +42,13 @@ use super::{
 /// (it was derived from the expiry that changes now), payload appended, new expiry.
 /// Returns 1, or 0 when fenced.
 const COMPLETE: &str = r"
-local h = redis.call('GETRANGE', KEYS[1], 0, 59)
-if string.sub(h, 1, 33) ~= ARGV[1] then return 0 end
-if string.byte(h, 47) == 76 then
-  redis.call('SETRANGE', KEYS[1], 46, string.format('C%013d', redis.call('PEXPIRETIME', KEYS[1]) - string.sub(h, 34, 46) - string.sub(h, 48, 60)))
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 33) ~= ARGV[1] then return 0 end
+local c = string.sub(v, 47, 60)
+if string.byte(c, 1) == 76 then
+  c = string.format('C%013d', redis.call('PEXPIRETIME', KEYS[1]) - string.sub(v, 34, 46) - string.sub(c, 2))
 end
-redis.call('SETRANGE', KEYS[1], 0, 'C')
-redis.call('APPEND', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[1], 'C' .. string.sub(v, 2, 46) .. c .. string.sub(v, 61) .. ARGV[2], 'PX', ARGV[3])
 return 1
 ";
 
