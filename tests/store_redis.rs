@@ -375,3 +375,56 @@ async fn unreachable_redis_is_unavailable() {
         .expect_err("invalid URL");
     assert!(err.is_unavailable(), "{err}");
 }
+
+#[tokio::test]
+async fn a_completion_no_replica_acknowledges_is_reported_unreplicated() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .wait_for_replicas(1, Duration::from_millis(50))
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    let mut admin = raw(&server.url()).await;
+    let id = RecordId::new("t", "k");
+    let token = FencingToken::random();
+    let lease = Duration::from_secs(30);
+    let request = |token| ClaimRequest {
+        id: &id,
+        fingerprint: b"fp",
+        token,
+        lease,
+        retention: lease,
+    };
+    assert_eq!(
+        store.claim(request(token)).await.expect("claim"),
+        Claim::Acquired { takeover: false }
+    );
+    let before = command_calls(&mut admin).await;
+    let err = store
+        .complete(&id, token, "p".into(), lease)
+        .await
+        .expect_err("a server without replicas cannot acknowledge");
+    assert!(err.is_unreplicated(), "{err}");
+    assert!(err.to_string().contains("0 of the 1 replicas"), "{err}");
+    let after = command_calls(&mut admin).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!(
+        (delta("evalsha"), delta("wait")),
+        (1, 1),
+        "the completion and its WAIT"
+    );
+    // Written on the primary all the same: reported, not undone.
+    assert!(matches!(
+        store
+            .claim(request(FencingToken::random()))
+            .await
+            .expect("claim"),
+        Claim::Completed { .. }
+    ));
+    // A fenced completion is fenced, whatever the replicas say.
+    let err = store
+        .complete(&id, token, "again".into(), lease)
+        .await
+        .expect_err("the record is completed");
+    assert!(err.is_fenced(), "{err}");
+}
