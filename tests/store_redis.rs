@@ -428,3 +428,29 @@ async fn a_completion_no_replica_acknowledges_is_reported_unreplicated() {
         .expect_err("the record is completed");
     assert!(err.is_fenced(), "{err}");
 }
+
+#[tokio::test]
+async fn a_key_of_another_type_is_reported_corrupt() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix("p:")
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    let mut admin = raw(&server.url()).await;
+    let id = RecordId::new("t", "k");
+    // The hash layout of earlier development versions.
+    let () = admin.hset(key_of("p:", &id), "s", "p").await.expect("HSET");
+    let lease = Duration::from_secs(30);
+    let err = store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease,
+            retention: lease,
+        })
+        .await
+        .expect_err("a hash is not a record");
+    assert!(err.is_corrupt(), "{err}");
+}

@@ -146,8 +146,8 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 /// at the end of its lease plus the claim's retention (an abandoned claim is kept that
 /// long so that its owner can still complete it), so the lease left is the key's `PTTL`
 /// minus that retention. Needs Redis 7.0 or later. (Records of the hash layout of
-/// earlier development versions are not read: a claim on one fails, Redis saying
-/// `WRONGTYPE`; flush them before upgrading.)
+/// earlier development versions are not read: a claim on one fails with
+/// [`StoreError::is_corrupt`] (Redis says `WRONGTYPE`); flush them before upgrading.)
 ///
 /// # Costs
 ///
@@ -819,7 +819,14 @@ impl Store for RedisStore {
         let (found, pttl): (Option<Vec<u8>>, i64) = pipe
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(|e| unavailable("claiming a record", e))?;
+            .map_err(|e| {
+                // A pipeline wraps the server's error: its code is in the message.
+                if e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE") {
+                    corrupt_record()
+                } else {
+                    unavailable("claiming a record", e)
+                }
+            })?;
         if let Some(claim) = decode_found(found.map(Bytes::from), pttl)? {
             return Ok(claim);
         }
