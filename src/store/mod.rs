@@ -421,8 +421,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 /// A store operation that failed.
 ///
 /// Query the kind with [`StoreError::is_fenced`], [`StoreError::is_unavailable`],
-/// [`StoreError::is_configuration`], [`StoreError::is_corrupt`] and
-/// [`StoreError::is_unsupported`].
+/// [`StoreError::is_configuration`], [`StoreError::is_corrupt`],
+/// [`StoreError::is_unsupported`] and [`StoreError::is_unreplicated`].
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct StoreError {
@@ -438,6 +438,11 @@ enum StoreErrorKind {
     Configuration(String),
     Corrupt(String),
     Unsupported(&'static str),
+    Unreplicated {
+        acked: usize,
+        wanted: usize,
+        timeout: Duration,
+    },
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -449,6 +454,7 @@ impl fmt::Display for StoreErrorKind {
             Self::Unavailable(m) => write!(f, "the idempotency store is unreachable or failing: {m}; retry later"),
             Self::Configuration(m) => write!(f, "the idempotency store is misconfigured: {m}; retrying will not help"),
             Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
+            Self::Unreplicated { acked, wanted, timeout } => write!(f, "the completion is written on the primary, but only {acked} of the {wanted} replicas asked for acknowledged it within {timeout:?}: it would be lost if the primary failed now (check the replicas' health and lag, or wait for fewer)"),
             Self::Unsupported(op) => write!(f, "this idempotency store does not implement `{op}`: use one of idemkey's stores (they all do), or look the record up with the backing database's own tools"),
         }
     }
@@ -532,6 +538,36 @@ impl StoreError {
             kind: StoreErrorKind::Unsupported(op),
             source: None,
         }
+    }
+
+    /// A completion written on the primary that fewer than `wanted` replicas
+    /// acknowledged within `timeout` (`RedisStoreBuilder::wait_for_replicas`, feature
+    /// `redis`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let e = idemkey::store::StoreError::unreplicated(0, 1, Duration::from_millis(100));
+    /// assert!(e.is_unreplicated() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("0 of the 1 replicas"));
+    /// ```
+    #[must_use]
+    pub fn unreplicated(acked: usize, wanted: usize, timeout: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Unreplicated {
+                acked,
+                wanted,
+                timeout,
+            },
+            source: None,
+        }
+    }
+
+    /// `true` when a completion was written but not acknowledged by as many replicas as
+    /// the store was asked to wait for ([`StoreError::unreplicated`]): it may be lost if
+    /// the primary fails, and is not retried (the record already holds it).
+    #[must_use]
+    pub fn is_unreplicated(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unreplicated { .. })
     }
 
     /// `true` when a complete, renew or release was refused because the token no longer
