@@ -86,7 +86,7 @@ mod engine;
 mod execution;
 mod extract;
 mod layer;
-mod once;
+pub(crate) mod once;
 mod policy;
 pub(crate) mod record;
 mod rejection;
