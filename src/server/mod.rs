@@ -80,6 +80,8 @@
 //! [`webhook`] keys the verifier by a provider's event id instead of a header: presets
 //! for Stripe, GitHub, Standard Webhooks and others, batches, and Standard Webhooks
 //! signatures.
+//!
+#![doc = include_str!("queues.md")]
 
 mod body;
 mod engine;
