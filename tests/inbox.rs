@@ -252,7 +252,7 @@ async fn postgres_concurrent_duplicates_wait_and_replay() {
         let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel();
         let (end_tx, end_rx) = tokio::sync::oneshot::channel::<()>();
         let first = {
-            let (fx, k, fp) = (Arc::clone(&fx), k.clone(), fp.clone());
+            let (fx, k, fp) = (Arc::clone(&fx), k.clone(), fp);
             tokio::spawn(async move {
                 let mut conn = fx.conn().await;
                 let mut tx = conn.begin().await.expect("begin");
@@ -275,7 +275,7 @@ async fn postgres_concurrent_duplicates_wait_and_replay() {
         let mut dups = tokio::task::JoinSet::new();
         let (started_tx, mut started_rx) = tokio::sync::mpsc::channel(N);
         for _ in 0..N {
-            let (fx, k, fp, started) = (Arc::clone(&fx), k.clone(), fp.clone(), started_tx.clone());
+            let (fx, k, fp, started) = (Arc::clone(&fx), k.clone(), fp, started_tx.clone());
             dups.spawn(async move {
                 let mut conn = fx.conn().await;
                 let mut tx = conn.begin().await.expect("begin");
@@ -421,7 +421,7 @@ async fn sqlite_concurrent_duplicates_run_the_effect_once() {
     let fp = Fingerprint::of_bytes(b"charge 3");
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..N {
-        let (store, url, fp) = (store.clone(), url.clone(), fp.clone());
+        let (store, url, fp) = (store.clone(), url.clone(), fp);
         tasks.spawn(async move {
             let mut conn = SqliteConnection::connect(&url).await.expect("connect");
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.expect("begin");
