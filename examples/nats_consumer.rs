@@ -130,8 +130,12 @@ async fn publish(
 async fn bench(url: &str, o: &charges::Options, n: usize) -> Result<(), Error> {
     let js = context(url).await?;
     let mut rates = Vec::new();
-    for mode in Mode::ALL {
-        let run = format!("idemkey_bench_{}_{}", mode.name(), std::process::id());
+    for (round, mode) in (0..charges::BENCH_ROUNDS).flat_map(|r| Mode::ALL.map(|m| (r, m))) {
+        let run = format!(
+            "idemkey_bench_{}_{round}_{}",
+            mode.name(),
+            std::process::id()
+        );
         let charges = Charges::connect(mode, &o.postgres, &run, &format!("{run}_acct")).await?;
         let consumer = consumer(&js, &run).await?;
         publish(&js, &run, &charges::bench_charges(n)).await?;

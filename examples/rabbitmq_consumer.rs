@@ -136,8 +136,12 @@ async fn publish(ch: &Channel, queue: &str, charges: &[charges::Charge]) -> Resu
 async fn bench(url: &str, o: &charges::Options, n: usize) -> Result<(), Error> {
     let (_conn, ch) = channel(url).await?;
     let mut rates = Vec::new();
-    for mode in Mode::ALL {
-        let run = format!("idemkey_bench_{}_{}", mode.name(), std::process::id());
+    for (round, mode) in (0..charges::BENCH_ROUNDS).flat_map(|r| Mode::ALL.map(|m| (r, m))) {
+        let run = format!(
+            "idemkey_bench_{}_{round}_{}",
+            mode.name(),
+            std::process::id()
+        );
         let charges = Charges::connect(mode, &o.postgres, &run, &format!("{run}_acct")).await?;
         declare(&ch, &run).await?;
         publish(&ch, &run, &charges::bench_charges(n)).await?;

@@ -194,6 +194,27 @@ async fn postgres_rollback_leaves_nothing_and_the_redelivery_runs_once() {
 }
 
 #[tokio::test]
+async fn postgres_outside_a_transaction_once_in_commits_its_own() {
+    let fx = PgFixture::new().await;
+    let (k, fp) = (key("msg-own"), Fingerprint::of_bytes(b"charge 9"));
+    let mut conn = fx.conn().await;
+    for delivery in 0..2 {
+        let settled = fx
+            .store
+            .once_in(&mut conn, "charges", &k, &fp, async |c| {
+                fx.charge(c, 9).await
+            })
+            .await
+            .expect("once_in");
+        assert_eq!(settled.is_replayed(), delivery > 0);
+        // Committed: visible from another connection at once.
+        assert_eq!(fx.account().await, (9, 1));
+    }
+    drop(conn);
+    fx.drop_tables().await;
+}
+
+#[tokio::test]
 async fn postgres_connection_lost_before_commit_leaves_nothing() {
     let fx = PgFixture::new().await;
     let (k, fp) = (key("msg-crash"), Fingerprint::of_bytes(b"charge 7"));

@@ -311,19 +311,32 @@ impl Rate {
     }
 }
 
-/// Prints the rates and their ratios to the bare consumer's.
+/// How many times the benchmark runs each mode (interleaved: bare, once, inbox, bare,
+/// ...), so that a burst of load on the machine does not land on one mode alone.
+pub(crate) const BENCH_ROUNDS: usize = 3;
+
+/// Prints each mode's median rate and its ratio to the bare consumer's.
 pub(crate) fn report(broker: &str, n: usize, rates: &[Rate]) {
-    let bare = rates
-        .iter()
-        .find(|r| r.mode == Mode::Bare)
-        .map_or(1.0, |r| r.per_second);
-    eprintln!("{broker}: {n} messages per mode, one consumer, in one run");
-    for r in rates {
+    let median = |mode: Mode| {
+        let mut r: Vec<f64> = rates
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.per_second)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let bare = median(Mode::Bare);
+    eprintln!(
+        "{broker}: {n} messages per mode and round, {BENCH_ROUNDS} rounds, one consumer (medians)"
+    );
+    for mode in Mode::ALL {
+        let m = median(mode);
         eprintln!(
             "  {:<6} {:>8.0} msg/s  {:.2} x bare",
-            r.mode.name(),
-            r.per_second,
-            r.per_second / bare
+            mode.name(),
+            m,
+            m / bare
         );
     }
 }
