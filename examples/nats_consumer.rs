@@ -16,6 +16,8 @@
 
 #[path = "common/charges.rs"]
 mod charges;
+#[path = "common/telemetry.rs"]
+mod telemetry;
 
 use std::time::{Duration, Instant};
 
@@ -151,6 +153,7 @@ async fn bench(url: &str, o: &charges::Options, n: usize) -> Result<(), Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
+    telemetry::init_tracing();
     let m = charges::command("nats_consumer", "nats://127.0.0.1:4222").get_matches();
     let o = charges::options(&m)?;
     let url = m.get_one::<String>("broker").cloned().unwrap_or_default();

@@ -14,6 +14,8 @@
 
 #[path = "common/charges.rs"]
 mod charges;
+#[path = "common/telemetry.rs"]
+mod telemetry;
 
 use std::time::{Duration, Instant};
 
@@ -158,6 +160,7 @@ async fn bench(url: &str, o: &charges::Options, n: usize) -> Result<(), Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
+    telemetry::init_tracing();
     let m = charges::command("rabbitmq_consumer", "amqp://guest:guest@127.0.0.1:5672/%2f")
         .get_matches();
     let o = charges::options(&m)?;
