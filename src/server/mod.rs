@@ -80,13 +80,15 @@
 //! [`webhook`] keys the verifier by a provider's event id instead of a header: presets
 //! for Stripe, GitHub, Standard Webhooks and others, batches, and Standard Webhooks
 //! signatures.
+//!
+#![doc = include_str!("queues.md")]
 
 mod body;
 mod engine;
 mod execution;
 mod extract;
 mod layer;
-mod once;
+pub(crate) mod once;
 mod policy;
 pub(crate) mod record;
 mod rejection;

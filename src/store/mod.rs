@@ -46,6 +46,8 @@
 
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod inbox;
 mod memory;
 #[cfg(feature = "mysql")]
 mod mysql;

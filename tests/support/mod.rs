@@ -17,6 +17,8 @@
 //!   `Expect: 100-continue`);
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
 //! - [`cli`]: the `idemkey` command line, one-shot and as a proxy (feature `cli`);
+//! - [`queues`]: the queue consumer examples' scenario: charges, seeded kills, the
+//!   ledger's check;
 //! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
 //!   versions into a cache folder.
 #![allow(
@@ -33,6 +35,8 @@ pub(crate) mod examples;
 pub(crate) mod gate;
 pub(crate) mod moto;
 pub(crate) mod peers;
+#[cfg(feature = "postgres")]
+pub(crate) mod queues;
 pub(crate) mod raw;
 pub(crate) mod recorder;
 pub(crate) mod verifier;
@@ -59,6 +63,18 @@ pub(crate) fn postgres_url() -> String {
 /// `mysql://root@127.0.0.1:3306/test`).
 pub(crate) fn mysql_url() -> String {
     std::env::var("IDEMKEY_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// The shared RabbitMQ (`IDEMKEY_RABBITMQ_URL`, default
+/// `amqp://guest:guest@127.0.0.1:5672/%2f`).
+pub(crate) fn rabbitmq_url() -> String {
+    std::env::var("IDEMKEY_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The shared NATS with JetStream (`IDEMKEY_NATS_URL`, default `nats://127.0.0.1:4222`).
+pub(crate) fn nats_url() -> String {
+    std::env::var("IDEMKEY_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
 /// A name no other test (or run) uses: `<base>_<random hex>`.
