@@ -30,14 +30,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
     unavailable,
 };
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
+    Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
+    StoreError, Watch, clamp_forever,
 };
 
 /// A store shared by every instance of an application through one PostgreSQL database.
@@ -104,6 +105,27 @@ pub struct PostgresStore {
     pool: PgPool,
     table: TableName,
     sql: Arc<Statements>,
+    /// With [`PostgresStoreBuilder::notify`]: the waiters woken by `LISTEN`.
+    notifier: Option<Arc<Notifier>>,
+}
+
+/// The channel complete and release notify (with `notify(true)`), the record id in hex
+/// as payload.
+const CHANNEL: &str = "idemkey_settled";
+
+/// The waiters of this store's records, woken by one `LISTEN` connection per store,
+/// opened at the first watch (and again at the next watch once it was lost).
+struct Notifier {
+    settlements: Settlements,
+    listener: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.abort();
+        }
+    }
 }
 
 struct Statements {
@@ -119,7 +141,7 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(t: &str) -> Self {
+    fn new(t: &str, notify: bool) -> Self {
         let sets = claim_sets("r.expires_at <= now()", "r.");
         let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
         // The end of the time a row is kept: retention end once completed, lease end
@@ -151,16 +173,18 @@ impl Statements {
 SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
-            complete: format!(
-                "UPDATE {t} SET payload = $3, token = NULL,
+            complete: notified(
+                &format!(
+                    "UPDATE {t} SET payload = $3, token = NULL,
   expires_at = now() + $4 * interval '1 microsecond' WHERE {held}"
-            )
-            .into(),
+                ),
+                notify,
+            ),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + $3 * interval '1 microsecond' WHERE {held}"
             )
             .into(),
-            release: format!("DELETE FROM {t} WHERE {held}").into(),
+            release: notified(&format!("DELETE FROM {t} WHERE {held}"), notify),
             sweep: format!(
                 "DELETE FROM {t} WHERE expires_at <= now() AND (payload IS NOT NULL
   OR expires_at + retention * interval '1 microsecond' <= now())"
@@ -188,6 +212,22 @@ ORDER BY created LIMIT $1"
     }
 }
 
+/// A fenced write (one row, or none when fenced) that, with `notify`, also notifies
+/// [`CHANNEL`] of the row it wrote, in the same statement (so in its transaction: the
+/// notice goes out when the write commits). The statement then counts the rows it
+/// selected, one per row written, as the write alone would.
+fn notified(write: &str, notify: bool) -> Arc<str> {
+    if notify {
+        format!(
+            "WITH written AS ({write} RETURNING id)
+SELECT pg_notify('{CHANNEL}', encode(id, 'hex')) FROM written"
+        )
+        .into()
+    } else {
+        write.into()
+    }
+}
+
 /// Configures a [`PostgresStore`]; made by [`PostgresStore::builder`].
 #[derive(Clone)]
 pub struct PostgresStoreBuilder {
@@ -195,6 +235,7 @@ pub struct PostgresStoreBuilder {
     table: String,
     max_connections: u32,
     acquire_timeout: Duration,
+    notify: bool,
 }
 
 impl std::fmt::Debug for PostgresStoreBuilder {
@@ -204,6 +245,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("notify", &self.notify)
             .finish_non_exhaustive()
     }
 }
@@ -232,6 +274,27 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Notify waiting duplicates (default off): complete and release `NOTIFY` the
+    /// channel `idemkey_settled`, and [`Store::watch`] `LISTEN`s on it (one connection
+    /// per store, opened at the first watch), so that a duplicate that waits for a
+    /// running request ([`InProgressPolicy::Wait`](crate::server::InProgressPolicy::Wait))
+    /// is answered as soon as the outcome commits instead of at its next poll.
+    ///
+    /// Off by default because a `NOTIFY` takes a database-wide lock at commit, which
+    /// serializes the commits of every transaction that notifies; turn it on where
+    /// duplicates wait, on every instance that writes to the table (an instance
+    /// without it completes records silently, and the waiters of the others poll).
+    ///
+    /// ```
+    /// let builder = idemkey::store::PostgresStore::builder("postgres://localhost/app").notify(true);
+    /// # let _ = builder;
+    /// ```
+    #[must_use]
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
     /// Connects (one connection now, the rest on demand). Does not create the table:
     /// call [`PostgresStore::migrate`] or run [`PostgresStore::schema_sql`] yourself.
     ///
@@ -247,8 +310,19 @@ impl PostgresStoreBuilder {
             .connect(&self.url)
             .await
             .map_err(|e| unavailable("PostgreSQL: connecting", e))?;
-        let sql = Arc::new(Statements::new(table.quoted()));
-        Ok(PostgresStore { pool, table, sql })
+        let sql = Arc::new(Statements::new(table.quoted(), self.notify));
+        let notifier = self.notify.then(|| {
+            Arc::new(Notifier {
+                settlements: Settlements::default(),
+                listener: tokio::sync::Mutex::new(None),
+            })
+        });
+        Ok(PostgresStore {
+            pool,
+            table,
+            sql,
+            notifier,
+        })
     }
 }
 
@@ -261,6 +335,7 @@ impl PostgresStore {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 16,
             acquire_timeout: Duration::from_secs(3),
+            notify: false,
         }
     }
 
@@ -426,6 +501,17 @@ impl Store for PostgresStore {
         Ok(shown.unwrap_or(false))
     }
 
+    /// With [`PostgresStoreBuilder::notify`], woken by `LISTEN`; polling otherwise.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Ok(Box::new(PollingWatch::default()));
+        };
+        // Armed before the listener is known to listen: a notice from then on wakes it.
+        let (watch, _) = notifier.settlements.subscribe(id);
+        self.listen(notifier).await?;
+        Ok(Box::new(watch))
+    }
+
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         let rows = sqlx::query(sql(&self.sql.list_in_progress))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -435,6 +521,43 @@ impl Store for PostgresStore {
         rows.iter()
             .map(|r| decode_info(r, Duration::from_micros))
             .collect()
+    }
+}
+
+impl PostgresStore {
+    /// Starts the `LISTEN` task of `notifier` unless it runs; returns once it listens.
+    async fn listen(&self, notifier: &Arc<Notifier>) -> Result<(), StoreError> {
+        let mut listener = notifier.listener.lock().await;
+        if listener.as_ref().is_some_and(|l| !l.is_finished()) {
+            return Ok(());
+        }
+        let mut pg = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: connecting to LISTEN", e))?;
+        pg.listen(CHANNEL)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: LISTEN", e))?;
+        // Not the notifier itself: its drop ends this task.
+        let weak = Arc::downgrade(notifier);
+        *listener = Some(tokio::spawn(async move {
+            loop {
+                let n = match pg.recv().await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the LISTEN connection of the store's waiters failed; the next watch opens it again");
+                        return;
+                    }
+                };
+                let Some(notifier) = weak.upgrade() else {
+                    return;
+                };
+                let mut id = [0_u8; 32];
+                if hex::decode_to_slice(n.payload(), &mut id).is_ok() {
+                    notifier.settlements.notify(&RecordId::from_bytes(id));
+                }
+            }
+        }));
+        Ok(())
     }
 }
 

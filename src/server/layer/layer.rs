@@ -15,7 +15,7 @@ use crate::protocol::status::is_safe;
 use crate::protocol::{Problem, ReplayHeader};
 use crate::server::engine::Engine;
 use crate::server::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
-use crate::server::policy::OutcomePolicy;
+use crate::server::policy::{InProgressPolicy, OutcomePolicy};
 use crate::server::rejection::Rejection;
 
 /// Default limit of a buffered request body: 2 MiB, like axum's.
@@ -60,6 +60,7 @@ pub(super) struct Config {
     pub(super) requirement: Arc<RequirementFn>,
     pub(super) fingerprinter: Fingerprinter,
     pub(super) policy: OutcomePolicy,
+    pub(super) in_progress: InProgressPolicy,
     pub(super) body_limit: usize,
     pub(super) body_read_timeout: Option<Duration>,
     pub(super) stored_response_limit: usize,
@@ -142,6 +143,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("body_limit", &self.cfg.body_limit)
             .field("body_read_timeout", &self.cfg.body_read_timeout)
             .field("stored_response_limit", &self.cfg.stored_response_limit)
+            .field("in_progress", &self.cfg.in_progress)
             .field("deny", &self.cfg.deny)
             .field("key_reused_status", &self.cfg.key_reused_status)
             .field("replay_header", &self.cfg.replay_header)
@@ -171,6 +173,7 @@ impl IdempotencyLayer {
                 requirement: Arc::new(default_requirement),
                 fingerprinter: Fingerprinter::new(),
                 policy: OutcomePolicy::default(),
+                in_progress: InProgressPolicy::default(),
                 body_limit: DEFAULT_BODY_LIMIT,
                 body_read_timeout: None,
                 stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
@@ -268,6 +271,14 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn policy(self, policy: OutcomePolicy) -> Self {
         self.with(|c| c.policy = policy)
+    }
+
+    /// What a duplicate of a running request gets (default
+    /// [`InProgressPolicy::Reject`]: `409 in-progress` at once); with
+    /// [`InProgressPolicy::Wait`] it waits for the running request's answer.
+    #[must_use]
+    pub fn in_progress(self, policy: InProgressPolicy) -> Self {
+        self.with(|c| c.in_progress = policy)
     }
 
     /// The largest request body buffered (default 2 MiB); larger ones get `413`.
