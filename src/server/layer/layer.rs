@@ -110,6 +110,9 @@ pub(super) struct Config {
 /// the key like a 503, `OK` and `ALREADY_EXISTS` are stored), and the layer's own
 /// answers are gRPC statuses ([`Rejection::into_grpc_response`]). Serve the layer over
 /// HTTP/2 (hyper's `http2` builder, or `axum::serve` with axum's `http2` feature).
+/// The request is buffered like any other (up to [`IdempotencyLayer::body_limit`]), so
+/// the layer fits unary and server-streaming calls; a server stream is teed like any
+/// streamed body.
 ///
 /// # When the store fails after the handler answered
 ///
