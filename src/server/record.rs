@@ -58,33 +58,20 @@ pub(crate) enum Record {
 
 impl Record {
     pub(crate) fn encode(&self) -> Bytes {
+        if let Self::Response {
+            status,
+            headers,
+            body,
+            trailers,
+        } = self
+        {
+            return encode_response(*status, headers, std::slice::from_ref(body), trailers);
+        }
         let mut out = BytesMut::new();
         out.put_slice(MAGIC);
-        let with_trailers = matches!(self, Self::Response { trailers, .. } if !trailers.is_empty());
-        out.put_u8(if with_trailers {
-            VERSION_TRAILERS
-        } else {
-            VERSION
-        });
+        out.put_u8(VERSION);
         match self {
-            Self::Response {
-                status,
-                headers,
-                body,
-                trailers,
-            } => {
-                let size = |h: &HeaderMap| -> usize {
-                    h.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum()
-                };
-                out.reserve(10 + size(headers) + size(trailers) + body.len());
-                out.put_u8(KIND_RESPONSE);
-                out.put_u16(status.as_u16());
-                put_fields(&mut out, headers);
-                if with_trailers {
-                    put_fields(&mut out, trailers);
-                }
-                out.put_slice(body);
-            }
+            Self::Response { .. } => {} // above
             Self::TooLarge {
                 status,
                 size_at_least,
@@ -149,6 +136,39 @@ impl Record {
             k => Err(format!("unknown record kind {k}")),
         }
     }
+}
+
+/// The payload of a response record whose body is `body`, in pieces (as a streamed
+/// body was copied: joined here, once, into the payload).
+pub(crate) fn encode_response(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[Bytes],
+    trailers: &HeaderMap,
+) -> Bytes {
+    let size =
+        |h: &HeaderMap| -> usize { h.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum() };
+    let body_len: usize = body.iter().map(Bytes::len).sum();
+    let mut out = BytesMut::with_capacity(
+        MAGIC.len() + 1 + 5 + 2 + size(headers) + size(trailers) + body_len,
+    );
+    out.put_slice(MAGIC);
+    let with_trailers = !trailers.is_empty();
+    out.put_u8(if with_trailers {
+        VERSION_TRAILERS
+    } else {
+        VERSION
+    });
+    out.put_u8(KIND_RESPONSE);
+    out.put_u16(status.as_u16());
+    put_fields(&mut out, headers);
+    if with_trailers {
+        put_fields(&mut out, trailers);
+    }
+    for piece in body {
+        out.put_slice(piece);
+    }
+    out.freeze()
 }
 
 fn short() -> String {

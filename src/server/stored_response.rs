@@ -6,7 +6,7 @@ use http::response::Parts;
 use http::{HeaderMap, HeaderName, Response, StatusCode, header};
 
 use super::body::ResponseBody;
-use super::record::Record;
+use super::record::{self, Record};
 use super::rejection::Rejection;
 use crate::protocol::ReplayHeader;
 
@@ -23,16 +23,16 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// The record of a response whose body was read whole: its status, its headers minus
-/// hop-by-hop ones, `Content-Length` and those in `deny`, its body and its trailers
-/// (minus those in `deny`).
-pub(crate) fn record(
+/// The record of a response whose body was read whole, encoded: its status, its
+/// headers as [`storable`] keeps them, its body (in the pieces it came in) and its
+/// trailers (minus those in `deny`).
+pub(crate) fn encode_record(
     status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
+    headers: &HeaderMap,
+    body: &[Bytes],
     trailers: Option<&HeaderMap>,
     deny: &[HeaderName],
-) -> Record {
+) -> Bytes {
     let trailers = trailers.map_or_else(HeaderMap::new, |t| {
         let mut t = t.clone();
         for name in deny {
@@ -40,12 +40,7 @@ pub(crate) fn record(
         }
         t
     });
-    Record::Response {
-        status,
-        headers,
-        body,
-        trailers,
-    }
+    record::encode_response(status, headers, body, &trailers)
 }
 
 /// The record of a response too large to keep: its status, and that it was at least

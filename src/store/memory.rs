@@ -344,7 +344,7 @@ impl Store for MemoryStore {
     }
 
     async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
-        Ok(Box::new(self.inner.settlements.subscribe(id).0))
+        Ok(Box::new(self.inner.settlements.subscribe(id)))
     }
 
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {

@@ -507,7 +507,7 @@ impl Store for PostgresStore {
             return Ok(Box::new(PollingWatch::default()));
         };
         // Armed before the listener is known to listen: a notice from then on wakes it.
-        let (watch, _) = notifier.settlements.subscribe(id);
+        let watch = notifier.settlements.subscribe(id);
         self.listen(notifier).await?;
         Ok(Box::new(watch))
     }

@@ -751,7 +751,7 @@ impl Store for RedisStore {
     async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
         // Armed before the listener is known to be subscribed: a message that arrives
         // once it is reaches this watch.
-        let (watch, _) = self.notifier.settlements.subscribe(id);
+        let watch = self.notifier.settlements.subscribe(id);
         self.listen().await?;
         Ok(Box::new(watch))
     }

@@ -72,19 +72,14 @@ pub(crate) struct Settlements {
 }
 
 impl Settlements {
-    /// A watch of `id`, armed from now on; `true` with it when it is the first local
-    /// waiter of `id` (a store that subscribes per record subscribes then).
-    pub(crate) fn subscribe(&self, id: &RecordId) -> (ChannelWatch, bool) {
-        let mut first = false;
+    /// A watch of `id`, armed from now on.
+    pub(crate) fn subscribe(&self, id: &RecordId) -> ChannelWatch {
         let rx = self
             .waiters
             .entry(*id)
-            .or_insert_with(|| {
-                first = true;
-                watch::Sender::new(())
-            })
+            .or_insert_with(|| watch::Sender::new(()))
             .subscribe();
-        (ChannelWatch { rx }, first)
+        ChannelWatch { rx }
     }
 
     /// Wakes the waiters of `id`; forgets `id` once nobody waits for it. Returns

@@ -191,17 +191,19 @@ impl Inner {
                 retries_get = %Problem::ResponseNotStored,
                 "response too large to store"
             );
-            stored_response::record_too_large(self.status, self.seen)
+            stored_response::record_too_large(self.status, self.seen).encode()
         } else {
-            stored_response::record(
+            let payload = stored_response::encode_record(
                 self.status,
-                std::mem::take(&mut self.headers),
-                concat(self.kept.drain(..)),
+                &self.headers,
+                &self.kept,
                 self.trailers.as_ref(),
                 &self.cfg.deny,
-            )
+            );
+            self.kept = Vec::new();
+            payload
         };
-        Box::pin(record_outcome(exec, record.encode()))
+        Box::pin(record_outcome(exec, record))
     }
 
     /// Releases the key of a body that failed: nothing complete was sent.
