@@ -24,7 +24,10 @@
 //!   absent). Body JSON or form-encoded: `amount` (integer), optional `delay_ms` (sleeps
 //!   that long before answering) and `fail` (answers 500 without creating a charge).
 //!   Answers `200 {"id": "ch_<n>", "object": "charge", "amount": ...}`.
-//! - `GET /stats`: `{"executions": n}`, the number of charges created.
+//! - `POST /v1/events?count=N&interval_ms=M` (same verifier): `text/event-stream`, N
+//!   events `data: {"seq": i}` M ms apart, each sent as it is made (the verifier tees
+//!   the stream into its record); a retry gets the whole stream replayed at once.
+//! - `GET /stats`: `{"executions": n}`, the number of charges created (and streams).
 //!
 //! Try it:
 //!
@@ -33,6 +36,8 @@
 //! curl -si localhost:3000/v1/charges -H 'idempotency-key: k1' -d amount=100  # replayed
 //! curl -si localhost:3000/v1/charges -H 'idempotency-key: k1' -d amount=200  # 422
 //! curl -s localhost:3000/stats                                               # 1
+//! curl -N -X POST 'localhost:3000/v1/events?count=5&interval_ms=500' -H 'idempotency-key: e1'
+//! curl -si -X POST 'localhost:3000/v1/events?count=5&interval_ms=500' -H 'idempotency-key: e1'
 //! ```
 
 use std::net::SocketAddr;

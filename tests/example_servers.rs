@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use support::examples::ExampleServer;
 use support::raw::{Raw, status};
 use support::webhook::{GITHUB_ISSUES, deliver, github_headers};
@@ -139,6 +141,49 @@ async fn a_put_to_the_charge_route_does_not_burn_its_key() {
     let post = support::apps::charge(&client, server.addr(), &key).await;
     assert_eq!(post.status, 200, "the POST with that key runs: {post:?}");
     assert!(!post.replayed());
+}
+
+/// `POST /v1/events` streams its events through the verifier as they are made (the
+/// first arrives while the others are still to come: 60 s apart, a layer that held the
+/// stream back would not answer within the test's bound), and a retry of the whole
+/// stream is its byte-identical replay.
+#[tokio::test]
+async fn the_event_stream_reaches_the_caller_as_it_goes_and_is_replayed() {
+    let server = charge_server();
+    let client = support::verifier::http();
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut slow = client
+        .post(server.url("/v1/events?count=2&interval_ms=60000"))
+        .header("idempotency-key", &key)
+        .send()
+        .await
+        .expect("POST /v1/events");
+    assert_eq!(slow.status(), 200);
+    assert_eq!(slow.headers()["content-type"], "text/event-stream");
+    let first = tokio::time::timeout(Duration::from_secs(20), slow.chunk())
+        .await
+        .expect("the first event comes before the second is made")
+        .expect("a chunk");
+    assert_eq!(first.as_deref(), Some(&b"data: {\"seq\": 0}\n\n"[..]));
+    drop(slow);
+
+    let key = uuid::Uuid::new_v4().to_string();
+    let send = || {
+        client
+            .post(server.url("/v1/events?count=4&interval_ms=5"))
+            .header("idempotency-key", &key)
+            .send()
+    };
+    let first = send().await.expect("first");
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let body = first.bytes().await.expect("the stream");
+    let expected: String = (0..4)
+        .map(|i| format!("data: {{\"seq\": {i}}}\n\n"))
+        .collect();
+    assert_eq!(body, expected);
+    let retry = send().await.expect("retry");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.bytes().await.expect("the replay"), body);
 }
 
 /// What a new user types first: `--help` prints the usage and exits 0, a host name is an

@@ -47,6 +47,7 @@ const INSIDE_SCRIPTS: &[&str] = &[
     "pttl",
     "del",
     "strlen",
+    "publish",
 ];
 
 /// Client round trips between two snapshots: each `EVALSHA`, and each claim (its

@@ -109,5 +109,5 @@ pub use layer::{
     KeyRequirement, ResponseFuture,
 };
 pub use once::{OnceError, Settled};
-pub use policy::{Outcome, OutcomePolicy};
+pub use policy::{InProgressPolicy, Outcome, OutcomePolicy};
 pub use rejection::Rejection;

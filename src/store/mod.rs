@@ -61,6 +61,7 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod sweeper;
+mod watch;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -83,6 +84,12 @@ pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use sweeper::spawn_sweeper;
+#[allow(
+    unused_imports,
+    reason = "used by the notifying stores behind features"
+)]
+pub(crate) use watch::{ChannelWatch, Settlements};
+pub use watch::{POLL_INTERVAL, PollingWatch, Watch};
 
 /// The longest lease, retention or period any store keeps: 100 years, as good as never.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
@@ -379,6 +386,25 @@ pub trait Store: Send + Sync + 'static {
         let _ = limit;
         Err(StoreError::unsupported("list_in_progress"))
     }
+
+    /// A [`Watch`] of `id`: what a duplicate that waits for a running request's outcome
+    /// (the layer's [`InProgressPolicy::Wait`](crate::server::InProgressPolicy::Wait),
+    /// [`Engine::claim_or_wait`](crate::server::Engine::claim_or_wait)) waits on
+    /// between two looks at the record. Made before the look, so that a settling in
+    /// between is not missed.
+    ///
+    /// Stores that can notify wake it when the record is completed or released:
+    /// [`MemoryStore`] at once, `RedisStore` by pub/sub, `PostgresStore` by
+    /// `LISTEN`/`NOTIFY` when built with `notify(true)`. The default implementation
+    /// polls ([`PollingWatch`]). A store that fails to subscribe may return a
+    /// [`PollingWatch`] rather than an error.
+    ///
+    /// # Errors
+    /// The store's; the engine then polls.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        let _ = id;
+        Ok(Box::new(PollingWatch::default()))
+    }
 }
 
 #[async_trait::async_trait]
@@ -417,6 +443,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         (**self).list_in_progress(limit).await
+    }
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        (**self).watch(id).await
     }
 }
 

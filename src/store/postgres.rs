@@ -32,7 +32,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, Postgres};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::inbox::{self, DEFAULT_INBOX_RETENTION, InboxSql};
@@ -41,7 +41,8 @@ use super::sql::{
     fenced, sql, unavailable,
 };
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
+    Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
+    StoreError, Watch, clamp_forever,
 };
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
@@ -112,6 +113,28 @@ pub struct PostgresStore {
     table: TableName,
     sql: Arc<Statements>,
     inbox_retention: Duration,
+
+    /// With [`PostgresStoreBuilder::notify`]: the waiters woken by `LISTEN`.
+    notifier: Option<Arc<Notifier>>,
+}
+
+/// The channel complete and release notify (with `notify(true)`), the record id in hex
+/// as payload.
+const CHANNEL: &str = "idemkey_settled";
+
+/// The waiters of this store's records, woken by one `LISTEN` connection per store,
+/// opened at the first watch (and again at the next watch once it was lost).
+struct Notifier {
+    settlements: Settlements,
+    listener: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.abort();
+        }
+    }
 }
 
 struct Statements {
@@ -131,7 +154,7 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(t: &str) -> Self {
+    fn new(t: &str, notify: bool) -> Self {
         let sets = claim_sets("r.expires_at <= now()", "r.");
         let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
         // The end of the time a row is kept: retention end once completed, lease end
@@ -163,16 +186,18 @@ impl Statements {
 SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
-            complete: format!(
-                "UPDATE {t} SET payload = $3, token = NULL,
+            complete: notified(
+                &format!(
+                    "UPDATE {t} SET payload = $3, token = NULL,
   expires_at = now() + $4 * interval '1 microsecond' WHERE {held}"
-            )
-            .into(),
+                ),
+                notify,
+            ),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + $3 * interval '1 microsecond' WHERE {held}"
             )
             .into(),
-            release: format!("DELETE FROM {t} WHERE {held}").into(),
+            release: notified(&format!("DELETE FROM {t} WHERE {held}"), notify),
             sweep: format!(
                 "DELETE FROM {t} WHERE expires_at <= now() AND (payload IS NOT NULL
   OR expires_at + retention * interval '1 microsecond' <= now())"
@@ -225,6 +250,22 @@ WHERE id = $1"
     }
 }
 
+/// A fenced write (one row, or none when fenced) that, with `notify`, also notifies
+/// [`CHANNEL`] of the row it wrote, in the same statement (so in its transaction: the
+/// notice goes out when the write commits). The statement then counts the rows it
+/// selected, one per row written, as the write alone would.
+fn notified(write: &str, notify: bool) -> Arc<str> {
+    if notify {
+        format!(
+            "WITH written AS ({write} RETURNING id)
+SELECT pg_notify('{CHANNEL}', encode(id, 'hex')) FROM written"
+        )
+        .into()
+    } else {
+        write.into()
+    }
+}
+
 /// Configures a [`PostgresStore`]; made by [`PostgresStore::builder`].
 #[derive(Clone)]
 pub struct PostgresStoreBuilder {
@@ -233,6 +274,8 @@ pub struct PostgresStoreBuilder {
     max_connections: u32,
     acquire_timeout: Duration,
     inbox_retention: Duration,
+
+    notify: bool,
 }
 
 impl std::fmt::Debug for PostgresStoreBuilder {
@@ -243,6 +286,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("inbox_retention", &self.inbox_retention)
+            .field("notify", &self.notify)
             .finish_non_exhaustive()
     }
 }
@@ -279,6 +323,27 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Notify waiting duplicates (default off): complete and release `NOTIFY` the
+    /// channel `idemkey_settled`, and [`Store::watch`] `LISTEN`s on it (one connection
+    /// per store, opened at the first watch), so that a duplicate that waits for a
+    /// running request ([`InProgressPolicy::Wait`](crate::server::InProgressPolicy::Wait))
+    /// is answered as soon as the outcome commits instead of at its next poll.
+    ///
+    /// Off by default because a `NOTIFY` takes a database-wide lock at commit, which
+    /// serializes the commits of every transaction that notifies; turn it on where
+    /// duplicates wait, on every instance that writes to the table (an instance
+    /// without it completes records silently, and the waiters of the others poll).
+    ///
+    /// ```
+    /// let builder = idemkey::store::PostgresStore::builder("postgres://localhost/app").notify(true);
+    /// # let _ = builder;
+    /// ```
+    #[must_use]
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
     /// Connects (one connection now, the rest on demand). Does not create the table:
     /// call [`PostgresStore::migrate`] or run [`PostgresStore::schema_sql`] yourself.
     ///
@@ -299,12 +364,20 @@ impl PostgresStoreBuilder {
             .connect_with(options)
             .await
             .map_err(|e| connect_failed("PostgreSQL", &at, e))?;
-        let sql = Arc::new(Statements::new(table.quoted()));
+        let sql = Arc::new(Statements::new(table.quoted(), self.notify));
+        let notifier = self.notify.then(|| {
+            Arc::new(Notifier {
+                settlements: Settlements::default(),
+                listener: tokio::sync::Mutex::new(None),
+            })
+        });
         Ok(PostgresStore {
             pool,
             table,
             sql,
             inbox_retention: self.inbox_retention,
+
+            notifier,
         })
     }
 }
@@ -319,6 +392,8 @@ impl PostgresStore {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(3),
             inbox_retention: DEFAULT_INBOX_RETENTION,
+
+            notify: false,
         }
     }
 
@@ -629,6 +704,17 @@ impl Store for PostgresStore {
         Ok(shown.unwrap_or(false))
     }
 
+    /// With [`PostgresStoreBuilder::notify`], woken by `LISTEN`; polling otherwise.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Ok(Box::new(PollingWatch::default()));
+        };
+        // Armed before the listener is known to listen: a notice from then on wakes it.
+        let watch = notifier.settlements.subscribe(id);
+        self.listen(notifier).await?;
+        Ok(Box::new(watch))
+    }
+
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         let rows = sqlx::query(sql(&self.sql.list_in_progress))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -638,6 +724,43 @@ impl Store for PostgresStore {
         rows.iter()
             .map(|r| decode_info(r, Duration::from_micros))
             .collect()
+    }
+}
+
+impl PostgresStore {
+    /// Starts the `LISTEN` task of `notifier` unless it runs; returns once it listens.
+    async fn listen(&self, notifier: &Arc<Notifier>) -> Result<(), StoreError> {
+        let mut listener = notifier.listener.lock().await;
+        if listener.as_ref().is_some_and(|l| !l.is_finished()) {
+            return Ok(());
+        }
+        let mut pg = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: connecting to LISTEN", e))?;
+        pg.listen(CHANNEL)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: LISTEN", e))?;
+        // Not the notifier itself: its drop ends this task.
+        let weak = Arc::downgrade(notifier);
+        *listener = Some(tokio::spawn(async move {
+            loop {
+                let n = match pg.recv().await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the LISTEN connection of the store's waiters failed; the next watch opens it again");
+                        return;
+                    }
+                };
+                let Some(notifier) = weak.upgrade() else {
+                    return;
+                };
+                let mut id = [0_u8; 32];
+                if hex::decode_to_slice(n.payload(), &mut id).is_ok() {
+                    notifier.settlements.notify(&RecordId::from_bytes(id));
+                }
+            }
+        }));
+        Ok(())
     }
 }
 

@@ -33,8 +33,8 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
-    clamp_forever,
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Settlements, Store,
+    StoreError, Watch, clamp_forever,
 };
 
 /// `ARGV`: `P` and the token, payload, retention ms. Rewrites the in-progress record
@@ -50,6 +50,7 @@ if string.byte(c, 1) == 76 then
   c = string.format('C%013d', redis.call('PEXPIRETIME', KEYS[1]) - string.sub(v, 34, 46) - string.sub(c, 2))
 end
 redis.call('SET', KEYS[1], 'C' .. string.sub(v, 2, 46) .. c .. string.sub(v, 61) .. ARGV[2], 'PX', ARGV[3])
+redis.call('PUBLISH', KEYS[1], 'c')
 return 1
 ";
 
@@ -71,6 +72,7 @@ return 1
 const RELEASE: &str = r"
 if redis.call('GETRANGE', KEYS[1], 0, 32) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[1], 'r')
 return 1
 ";
 
@@ -173,6 +175,20 @@ pub struct RedisStore {
     replicas: Option<(usize, Duration)>,
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
+    notifier: std::sync::Arc<Notifier>,
+}
+
+/// The waiters of this store's records ([`Store::watch`]), woken by the messages the
+/// complete and release scripts publish on the record's key as channel name. One
+/// pub/sub connection per store, opened at the first watch, subscribed to the pattern
+/// of every record key (so that no per-record subscription can race a publish), and
+/// opened again at the next watch once it was lost.
+struct Notifier {
+    /// The server the pub/sub connection goes to (the first node of a cluster: a
+    /// publish reaches the subscribers of every node).
+    url: String,
+    settlements: Settlements,
+    listener: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// One server through a reconnecting manager, or a cluster.
@@ -395,6 +411,11 @@ impl RedisStoreBuilder {
             replicas: self.replicas,
             prefix: self.prefix,
             scripts: std::sync::Arc::new(scripts),
+            notifier: std::sync::Arc::new(Notifier {
+                url: self.urls.first().cloned().unwrap_or_default(),
+                settlements: Settlements::default(),
+                listener: tokio::sync::Mutex::new(None),
+            }),
         })
     }
 }
@@ -465,6 +486,52 @@ impl RedisStore {
         }
         p.push_str("{*}");
         p
+    }
+
+    /// The record id of a key of this store (`<prefix>{<64 hex digits>}`).
+    fn id_of(&self, key: &str) -> Option<RecordId> {
+        id_of(&self.prefix, key)
+    }
+
+    /// Starts the pub/sub listener unless it runs; returns once it is subscribed.
+    async fn listen(&self) -> Result<(), StoreError> {
+        let mut listener = self.notifier.listener.lock().await;
+        if listener.as_ref().is_some_and(|l| !l.is_finished()) {
+            return Ok(());
+        }
+        let client = Client::open(self.notifier.url.as_str())
+            .map_err(|e| unavailable("reading the URL (pub/sub)", e))?;
+        let mut pubsub = client
+            .get_async_pubsub()
+            .await
+            .map_err(|e| unavailable("connecting for pub/sub", e))?;
+        pubsub
+            .psubscribe(self.pattern())
+            .await
+            .map_err(|e| unavailable("subscribing to settled records", e))?;
+        // Not the store itself: the listener must not keep it (and so itself) alive;
+        // the notifier's drop ends it.
+        let (prefix, notifier) = (
+            self.prefix.clone(),
+            std::sync::Arc::downgrade(&self.notifier),
+        );
+        *listener = Some(tokio::spawn(async move {
+            let mut messages = pubsub.into_on_message();
+            while let Some(msg) = messages.next().await {
+                let Some(notifier) = notifier.upgrade() else {
+                    return;
+                };
+                if let Some(id) = id_of(&prefix, msg.get_channel_name()) {
+                    notifier.settlements.notify(&id);
+                }
+            }
+            tracing::debug!(
+                "the Redis pub/sub connection of the store's waiters closed; the next watch opens it again"
+            );
+            // Whoever still waits looks again at its own time (the lease end at the
+            // latest).
+        }));
+        Ok(())
     }
 
     /// Every key under the prefix (each once), by `SCAN` on the server or on every
@@ -927,13 +994,10 @@ impl Store for RedisStore {
     }
 
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
-        let prefix = self.prefix.len();
         let records = self.scan_keys().await?.into_iter().filter_map(|key| {
             // `<prefix>{<64 hex digits>}`: anything else under the prefix is not ours.
-            let hex = key.get(prefix + 1..key.len().checked_sub(1)?)?;
-            let mut id = [0_u8; 32];
-            hex::decode_to_slice(hex, &mut id).ok()?;
-            Some((key, RecordId::from_bytes(id)))
+            let id = self.id_of(&key)?;
+            Some((key, id))
         });
         let read: Vec<Option<RecordInfo>> = futures_util::stream::iter(records)
             .map(|(key, id)| self.read(key, id))
@@ -949,6 +1013,33 @@ impl Store for RedisStore {
         found.truncate(limit);
         Ok(found)
     }
+
+    /// Woken by the message the complete and release scripts publish (pub/sub on one
+    /// connection per store, subscribed to the pattern of the store's keys: each
+    /// instance that has waiters receives a message per completed or released record).
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        // Armed before the listener is known to be subscribed: a message that arrives
+        // once it is reaches this watch.
+        let watch = self.notifier.settlements.subscribe(id);
+        self.listen().await?;
+        Ok(Box::new(watch))
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.abort();
+        }
+    }
+}
+
+/// The record id of a key under `prefix` (`<prefix>{<64 hex digits>}`).
+fn id_of(prefix: &str, key: &str) -> Option<RecordId> {
+    let hex = key.get(prefix.len() + 1..key.len().checked_sub(1)?)?;
+    let mut id = [0_u8; 32];
+    hex::decode_to_slice(hex, &mut id).ok()?;
+    Some(RecordId::from_bytes(id))
 }
 
 impl std::fmt::Debug for RedisStore {
