@@ -20,7 +20,8 @@
 //!   absent). Body JSON or form-encoded: `amount` (integer), optional `delay_ms` (sleeps
 //!   that long before answering) and `fail` (answers 500 without creating a charge).
 //!   Answers `200 {"id": "ch_<n>", "object": "charge", "amount": ...}`.
-//! - `GET /stats`: `{"executions": n}`, the number of charges created.
+//! - `GET /stats`: `{"executions": n, "orders": o, "orders_with_several_keys": m}`, the
+//!   number of charges created, and the `order`s charged (under more than one key).
 //!
 //! Try it:
 //!
