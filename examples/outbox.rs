@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use http::{HeaderValue, header};
 use idemkey::client::ClientBuilder;
-use idemkey::client::outbox::{Operation, Outbox, OutboxError, PostgresJournal, SqliteJournal};
+use idemkey::client::outbox::{
+    Operation, Outbox, OutboxError, PostgresJournal, Resumed, SqliteJournal,
+};
 use reqwest_middleware::ClientWithMiddleware;
 use retry_policies::policies::ExponentialBackoff;
 
@@ -186,7 +188,11 @@ async fn run(args: Args) -> Result<(), String> {
     // 1. Whatever the last run left pending: same key, same body, credentials re-applied.
     let report = outbox.resume(&client).await.map_err(|e| e.to_string())?;
     for (id, resumed) in &report.operations {
-        eprintln!("resumed {id}: {resumed:?}");
+        match resumed {
+            Resumed::Done(o) => eprintln!("resumed {id}: {} (replayed: {})", o.status, o.replayed),
+            Resumed::Expired => eprintln!("resumed {id}: expired, not sent: decide by hand"),
+            Resumed::Pending(e) => eprintln!("resumed {id}: still pending ({e})"),
+        }
     }
 
     // 2. The charges not recorded yet: order and operation in one transaction, then send.
