@@ -93,18 +93,16 @@ impl Backend {
             }
             Backend::Postgres(table) => {
                 let admin = support::postgres_admin(&support::postgres_url()).await;
-                let rows: Vec<(String, Vec<u8>, Vec<u8>, Vec<u8>)> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                        "SELECT url, headers, body, coalesce(response_headers, '') FROM \"{table}\""
-                    )))
-                    .fetch_all(&admin)
-                    .await
-                    .expect("read the journal rows");
+                let rows: Vec<Vec<u8>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT convert_to(url, 'UTF8') || headers || body
+  || coalesce(response_headers, ''::bytea) FROM \"{table}\""
+                )))
+                .fetch_all(&admin)
+                .await
+                .expect("read the journal rows");
                 admin.close().await;
                 assert!(!rows.is_empty(), "the journal has rows");
-                rows.into_iter()
-                    .flat_map(|(u, h, b, r)| [u.into_bytes(), h, b, r].concat())
-                    .collect()
+                rows.concat()
             }
         }
     }

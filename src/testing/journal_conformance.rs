@@ -110,7 +110,7 @@ pub async fn enqueue_records_every_field(journal: impl Journal) {
     other.body = Bytes::from_static(b"different");
     assert_eq!(
         journal.enqueue(&other).await.expect("enqueue again"),
-        Enqueued::Existing(op.clone()),
+        Enqueued::Existing(Box::new(op.clone())),
         "a second enqueue returns the stored operation, unchanged"
     );
     let mut empty = operation(&unique("empty"), at_ms(1));

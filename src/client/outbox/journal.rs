@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 
 use crate::IdempotencyKey;
 
@@ -76,7 +76,7 @@ pub enum Enqueued {
     /// The operation was new and is now recorded as given.
     Inserted,
     /// An operation with this id was recorded before; here it is, as stored.
-    Existing(Operation),
+    Existing(Box<Operation>),
 }
 
 /// A journal: the durable home of an outbox's operations.
@@ -161,41 +161,6 @@ impl JournalError {
     }
 }
 
-/// Headers as bytes for a journal column: for each header, its name and its value,
-/// each length-prefixed (the crate's framing), so any byte value round-trips.
-pub(crate) fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, value) in headers {
-        crate::framing::field(&mut out, name.as_str().as_bytes());
-        crate::framing::field(&mut out, value.as_bytes());
-    }
-    out
-}
-
-/// The inverse of [`encode_headers`].
-pub(crate) fn decode_headers(mut bytes: &[u8]) -> Result<HeaderMap, JournalError> {
-    fn take<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
-        let (len, rest) = bytes.split_first_chunk::<8>()?;
-        let len = usize::try_from(u64::from_be_bytes(*len)).ok()?;
-        if rest.len() < len {
-            return None;
-        }
-        let (field, rest) = rest.split_at(len);
-        *bytes = rest;
-        Some(field)
-    }
-    let bad = || JournalError::corrupt("a stored header list cannot be decoded");
-    let mut headers = HeaderMap::new();
-    while !bytes.is_empty() {
-        let name = take(&mut bytes).ok_or_else(bad)?;
-        let value = take(&mut bytes).ok_or_else(bad)?;
-        let name = HeaderName::from_bytes(name).map_err(|_| bad())?;
-        let value = HeaderValue::from_bytes(value).map_err(|_| bad())?;
-        headers.append(name, value);
-    }
-    Ok(headers)
-}
-
 /// Milliseconds since the Unix epoch (0 before it; saturating far after).
 pub(crate) fn to_millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
@@ -212,22 +177,4 @@ pub(crate) fn from_millis(ms: i64) -> SystemTime {
 /// This machine's clock, to the millisecond (what every journal keeps).
 pub(crate) fn now() -> SystemTime {
     from_millis(to_millis(SystemTime::now()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_with_repeats_and_bytes() {
-        let mut h = HeaderMap::new();
-        h.append("x-a", HeaderValue::from_static("1"));
-        h.append("x-a", HeaderValue::from_static("2"));
-        h.append(
-            "x-b",
-            HeaderValue::from_bytes(b"\xfa\xfb").expect("opaque bytes"),
-        );
-        assert_eq!(decode_headers(&encode_headers(&h)).expect("decodes"), h);
-        assert!(decode_headers(b"\0\0\0\0\0\0\0\x09ab").is_err());
-    }
 }

@@ -42,7 +42,7 @@ impl MemoryJournal {
 impl Journal for MemoryJournal {
     async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError> {
         Ok(self.with(|ops| match ops.get(&op.id) {
-            Some(existing) => Enqueued::Existing(existing.clone()),
+            Some(existing) => Enqueued::Existing(Box::new(existing.clone())),
             None => {
                 ops.insert(op.id.clone(), op.clone());
                 Enqueued::Inserted

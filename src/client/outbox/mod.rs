@@ -345,7 +345,7 @@ impl Outbox {
     pub async fn enqueue(&self, op: Operation) -> Result<Operation, OutboxError> {
         match self.inner.journal.enqueue(&op).await? {
             Enqueued::Inserted => Ok(op),
-            Enqueued::Existing(existing) => check_same(existing, &op),
+            Enqueued::Existing(existing) => check_same(*existing, &op),
         }
     }
 
@@ -586,7 +586,7 @@ impl OutboxCall {
         match outbox.inner.journal.enqueue(&op).await? {
             Enqueued::Inserted => outbox.send(&client, &op, sendable).await,
             Enqueued::Existing(existing) => {
-                let existing = check_same(existing, &op)?;
+                let existing = check_same(*existing, &op)?;
                 outbox.finish(&client, existing, sendable).await
             }
         }

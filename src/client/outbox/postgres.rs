@@ -161,7 +161,7 @@ impl PostgresJournal {
         tx: &mut Transaction<'_, Postgres>,
         op: &Operation,
     ) -> Result<Enqueued, JournalError> {
-        enqueue_on(&mut **tx, &self.sql, op).await
+        enqueue_on(tx, &self.sql, op).await
     }
 }
 
@@ -183,7 +183,7 @@ async fn enqueue_on(
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| unavailable("enqueue (reading the existing operation)", e))?;
-    Ok(Enqueued::Existing(decode_operation(&row)?))
+    Ok(Enqueued::Existing(Box::new(decode_operation(&row)?)))
 }
 
 #[async_trait]

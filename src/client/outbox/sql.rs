@@ -4,12 +4,10 @@
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::journal::{
-    JournalError, Operation, Outcome, decode_headers, encode_headers, from_millis, to_millis,
-};
+use super::journal::{JournalError, Operation, Outcome, from_millis, to_millis};
 use crate::IdempotencyKey;
 use crate::store::sql::TableName;
 
@@ -264,4 +262,57 @@ pub(crate) fn unavailable(what: &str, e: sqlx::Error) -> JournalError {
 pub(crate) fn table_name(name: &str) -> Result<TableName, JournalError> {
     TableName::parse(name)
         .map_err(|e| JournalError::unavailable(format!("outbox journal table {name:?}: {e}"), e))
+}
+
+/// Headers as bytes for a journal column: for each header, its name and its value,
+/// each length-prefixed (the crate's framing), so any byte value round-trips.
+pub(crate) fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        crate::framing::field(&mut out, name.as_str().as_bytes());
+        crate::framing::field(&mut out, value.as_bytes());
+    }
+    out
+}
+
+/// The inverse of [`encode_headers`].
+pub(crate) fn decode_headers(mut bytes: &[u8]) -> Result<HeaderMap, JournalError> {
+    fn take<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let (len, rest) = bytes.split_first_chunk::<8>()?;
+        let len = usize::try_from(u64::from_be_bytes(*len)).ok()?;
+        if rest.len() < len {
+            return None;
+        }
+        let (field, rest) = rest.split_at(len);
+        *bytes = rest;
+        Some(field)
+    }
+    let bad = || JournalError::corrupt("a stored header list cannot be decoded");
+    let mut headers = HeaderMap::new();
+    while !bytes.is_empty() {
+        let name = take(&mut bytes).ok_or_else(bad)?;
+        let value = take(&mut bytes).ok_or_else(bad)?;
+        let name = HeaderName::from_bytes(name).map_err(|_| bad())?;
+        let value = HeaderValue::from_bytes(value).map_err(|_| bad())?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_with_repeats_and_bytes() {
+        let mut h = HeaderMap::new();
+        h.append("x-a", HeaderValue::from_static("1"));
+        h.append("x-a", HeaderValue::from_static("2"));
+        h.append(
+            "x-b",
+            HeaderValue::from_bytes(b"\xfa\xfb").expect("opaque bytes"),
+        );
+        assert_eq!(decode_headers(&encode_headers(&h)).expect("decodes"), h);
+        assert!(decode_headers(b"\0\0\0\0\0\0\0\x09ab").is_err());
+    }
 }

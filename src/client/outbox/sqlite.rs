@@ -209,7 +209,7 @@ impl SqliteJournal {
         tx: &mut Transaction<'_, Sqlite>,
         op: &Operation,
     ) -> Result<Enqueued, JournalError> {
-        enqueue_on(&mut **tx, &self.sql, op).await
+        enqueue_on(tx, &self.sql, op).await
     }
 
     async fn write(&self, write: impl FnOnce(oneshot::Sender<Reply>) -> Write) -> Reply {
@@ -245,13 +245,13 @@ async fn enqueue_on(
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| unavailable("enqueue (reading the existing operation)", e))?;
-    Ok(Enqueued::Existing(decode_operation(&row)?))
+    Ok(Enqueued::Existing(Box::new(decode_operation(&row)?)))
 }
 
 enum Write {
-    Enqueue(Operation, oneshot::Sender<Reply>),
+    Enqueue(Box<Operation>, oneshot::Sender<Reply>),
     BeginAttempt(String, oneshot::Sender<Reply>),
-    Complete(String, Outcome, oneshot::Sender<Reply>),
+    Complete(String, Box<Outcome>, oneshot::Sender<Reply>),
 }
 
 impl Write {
@@ -370,7 +370,10 @@ fn unexpected(reply: Reply) -> JournalError {
 #[async_trait]
 impl Journal for SqliteJournal {
     async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError> {
-        match self.write(|r| Write::Enqueue(op.clone(), r)).await {
+        match self
+            .write(|r| Write::Enqueue(Box::new(op.clone()), r))
+            .await
+        {
             Reply::Enqueued(e) => Ok(e),
             other => Err(unexpected(other)),
         }
@@ -385,7 +388,7 @@ impl Journal for SqliteJournal {
 
     async fn complete(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
         match self
-            .write(|r| Write::Complete(id.to_owned(), outcome.clone(), r))
+            .write(|r| Write::Complete(id.to_owned(), Box::new(outcome.clone()), r))
             .await
         {
             Reply::Completed(done) => Ok(done),
