@@ -3,6 +3,7 @@
 //!
 //! ```sh
 //! cargo run --release --example load -- [--seconds 5] [--rounds 3] [--connections 32] [--threads 2]
+//!     [--delay-ms MS] [--proxy PATH/TO/idemkey]
 //! ```
 //!
 //! It starts a server process of its own (this program with `--serve`) that serves the
@@ -15,6 +16,13 @@
 //! - `fresh`: the verifier, a new key per request (claim, run, store, every time);
 //! - `replay`: the verifier, one key per connection (the first request runs, every later
 //!   one is a replay).
+//!
+//! - `proxied` (with `--proxy`, the path of a built `idemkey` binary): the bare handler
+//!   behind `idemkey proxy` (memory store, a new key per request), started as a process
+//!   of its own: the proxy's overhead against calling the upstream directly.
+//!
+//! `--delay-ms` makes each charge wait that long before answering (the handler's own
+//! I/O, as an API behind the proxy has).
 //!
 //! It prints requests per second per round and workload, then the ratios against
 //! `bare` of the same rounds (totals over all rounds), for example
@@ -44,16 +52,18 @@ mod charge_app;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
-  measures the charge handler bare, behind the verifier with fresh keys, and with replays";
+            [--delay-ms MS] [--proxy PATH/TO/idemkey]
+  measures the charge handler bare, behind the verifier with fresh keys, and with replays
+  (and behind `idemkey proxy` with --proxy)";
 
-const BODY: &[u8] = br#"{"amount":100}"#;
-
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Args {
     seconds: u64,
     rounds: u32,
     connections: usize,
     threads: usize,
+    delay_ms: u64,
+    proxy: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,16 +71,23 @@ enum Workload {
     Bare,
     Fresh,
     Replay,
+    Proxied,
 }
 
 impl Workload {
-    const ALL: [Workload; 3] = [Workload::Bare, Workload::Fresh, Workload::Replay];
+    const ALL: [Workload; 4] = [
+        Workload::Bare,
+        Workload::Fresh,
+        Workload::Replay,
+        Workload::Proxied,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Workload::Bare => "bare",
             Workload::Fresh => "fresh",
             Workload::Replay => "replay",
+            Workload::Proxied => "proxied",
         }
     }
 }
@@ -81,6 +98,8 @@ fn parse_args() -> Result<Option<Args>, String> {
         rounds: 3,
         connections: 32,
         threads: 2,
+        delay_ms: 0,
+        proxy: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -96,6 +115,10 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--rounds" => args.rounds = u32::try_from(number("--rounds")?).unwrap_or(u32::MAX),
             "--connections" => args.connections = number("--connections")? as usize,
             "--threads" => args.threads = number("--threads")? as usize,
+            "--delay-ms" => args.delay_ms = number("--delay-ms")?,
+            "--proxy" => {
+                args.proxy = Some(it.next().ok_or(format!("--proxy needs a path; {USAGE}"))?)
+            }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
@@ -124,7 +147,7 @@ fn main() -> ExitCode {
         .build();
     match runtime
         .map_err(|e| e.to_string())
-        .and_then(|rt| rt.block_on(drive(args)))
+        .and_then(|rt| rt.block_on(drive(args.clone())))
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -197,20 +220,49 @@ async fn drive(args: Args) -> Result<(), String> {
     };
     let bare = addr_of("BARE").await?;
     let verified = addr_of("VERIFIED").await?;
+    let mut proxy = None;
+    if let Some(bin) = &args.proxy {
+        let mut child = tokio::process::Command::new(bin)
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
+            .arg(format!("http://{bare}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {bin} proxy: {e}"))?;
+        let stdout = child.stdout.take().ok_or("the proxy has no stdout")?;
+        let line = BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the proxy exited before it was listening")?;
+        let addr: SocketAddr = line
+            .strip_prefix("listening on http://")
+            .and_then(|a| a.trim().parse().ok())
+            .ok_or(format!("unexpected line from the proxy: {line}"))?;
+        proxy = Some((child, addr));
+    }
     let seconds = Duration::from_secs(args.seconds);
     println!(
-        "{} round(s) of {} s per workload, {} connections, {} client threads",
-        args.rounds, args.seconds, args.connections, args.threads
+        "{} round(s) of {} s per workload, {} connections, {} client threads, handler delay {} ms",
+        args.rounds, args.seconds, args.connections, args.threads, args.delay_ms
     );
-    let mut totals = [0u64; 3];
+    let body = Bytes::from(if args.delay_ms == 0 {
+        r#"{"amount":100}"#.to_owned()
+    } else {
+        format!(r#"{{"amount":100,"delay_ms":{}}}"#, args.delay_ms)
+    });
+    let mut totals = [0u64; 4];
     for round in 1..=args.rounds {
         for (i, workload) in Workload::ALL.into_iter().enumerate() {
-            let addr = if workload == Workload::Bare {
-                bare
-            } else {
-                verified
+            let addr = match (workload, &proxy) {
+                (Workload::Bare, _) => bare,
+                (Workload::Proxied, Some((_, addr))) => *addr,
+                (Workload::Proxied, None) => continue,
+                _ => verified,
             };
-            let done = run(workload, addr, args.connections, seconds, round).await?;
+            let done = run(workload, addr, args.connections, seconds, round, &body).await?;
             totals[i] += done;
             println!(
                 "round {round} {:>6}: {:>9.0} req/s",
@@ -221,6 +273,10 @@ async fn drive(args: Args) -> Result<(), String> {
     }
     let ratio = |i: usize| totals[i] as f64 / totals[0].max(1) as f64;
     println!("fresh/bare {:.2}  replay/bare {:.2}", ratio(1), ratio(2));
+    if let Some((mut child, _)) = proxy {
+        println!("proxied/bare {:.2}", ratio(3));
+        child.kill().await.map_err(|e| e.to_string())?;
+    }
     server.kill().await.map_err(|e| e.to_string())?;
     Ok(())
 }
@@ -233,14 +289,15 @@ async fn run(
     connections: usize,
     length: Duration,
     round: u32,
+    body: &Bytes,
 ) -> Result<u64, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(connections);
     for conn in 0..connections {
-        let (stop, done) = (stop.clone(), done.clone());
+        let (stop, done, body) = (stop.clone(), done.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
-            connection(workload, addr, conn, round, &stop, &done).await
+            connection(workload, addr, conn, round, &stop, &done, body).await
         }));
     }
     let started = Instant::now();
@@ -262,6 +319,7 @@ async fn connection(
     round: u32,
     stop: &AtomicBool,
     done: &AtomicU64,
+    body: Bytes,
 ) -> Result<(), String> {
     let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -272,7 +330,7 @@ async fn connection(
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         let key = match workload {
-            Workload::Bare | Workload::Fresh => format!("r{round}-c{conn}-{n}"),
+            Workload::Bare | Workload::Fresh | Workload::Proxied => format!("r{round}-c{conn}-{n}"),
             Workload::Replay => format!("r{round}-c{conn}"),
         };
         let req = Request::builder()
@@ -281,7 +339,7 @@ async fn connection(
             .header(header::HOST, "127.0.0.1")
             .header(header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", key)
-            .body(Full::new(Bytes::from_static(BODY)))
+            .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())?;
         sender.ready().await.map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;

@@ -140,3 +140,79 @@ async fn a_put_to_the_charge_route_does_not_burn_its_key() {
     assert_eq!(post.status, 200, "the POST with that key runs: {post:?}");
     assert!(!post.replayed());
 }
+
+/// What a new user types first: `--help` prints the usage and exits 0, a host name is an
+/// address, a malformed `whsec_` secret stops the receiver at start, and a store whose
+/// feature is missing or whose setup is wrong says so and exits 2.
+#[test]
+fn the_examples_command_lines_say_what_to_do() {
+    use std::process::Command;
+    use support::examples::binary;
+    for name in ["charge_server", "charge_client", "webhook_receiver"] {
+        let out = Command::new(binary(name))
+            .arg("--help")
+            .output()
+            .expect("run");
+        let usage = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} --help: {:?}", out.status);
+        assert!(
+            usage.contains("--"),
+            "{name} --help prints its usage: {usage}"
+        );
+    }
+
+    // `localhost:PORT` is accepted: the server listens on it.
+    let port = support::free_port();
+    let mut server = Command::new(binary("charge_server"))
+        .args(["--addr", &format!("localhost:{port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start charge_server");
+    let listening = (0..400).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(listening, "charge_server --addr localhost:{port} listens");
+
+    let out = Command::new(binary("webhook_receiver"))
+        .args(["--addr", "127.0.0.1:0", "--secret", "whsec_not base64!"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--secret") && err.contains("whsec_"), "{err}");
+
+    // Nothing listening: the client's line says so in words, and that nothing was sent.
+    let out = Command::new(binary("charge_client"))
+        .args([
+            "--url",
+            &format!("http://127.0.0.1:{}/v1/charges", support::free_port()),
+        ])
+        .output()
+        .expect("run");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    let line: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+    assert_eq!(line["error"], "never_sent", "{line}");
+    let message = line["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Connection refused"), "{line}");
+
+    // A Redis database out of range is a setup mistake, named as such.
+    #[cfg(feature = "redis")]
+    {
+        let out = Command::new(binary("charge_server"))
+            .args(["--addr", "127.0.0.1:0", "--store"])
+            .arg(format!("{}/99", support::redis_url().trim_end_matches('/')))
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("misconfigured") && err.contains("database number"),
+            "{err}"
+        );
+    }
+}

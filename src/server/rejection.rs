@@ -65,6 +65,30 @@ impl Rejection {
         )
     }
 
+    /// 400 `missing-key` for a webhook route: the delivery lacks the id by which the
+    /// route tells deliveries of `sender` (a preset's name) apart, at `source`. Speaks
+    /// to the sender: its deliveries carry that id, so a delivery without it is not one
+    /// of its deliveries, or lost the id on the way.
+    ///
+    /// ```
+    /// use idemkey::server::Rejection;
+    /// let r = Rejection::missing_delivery_id("github", "the `X-GitHub-Delivery` header");
+    /// assert_eq!(r.status(), 400);
+    /// assert!(r.detail().contains("github deliveries"));
+    /// ```
+    #[must_use]
+    pub fn missing_delivery_id(sender: &str, source: &str) -> Self {
+        Self::of(
+            Problem::MissingKey,
+            format!(
+                "this endpoint receives {sender} deliveries and tells them apart by {source}, \
+                 which this delivery lacks; every {sender} delivery carries it (the same on \
+                 redeliveries of one event): send {sender} deliveries here, and check that \
+                 nothing on the way drops it"
+            ),
+        )
+    }
+
     /// 400 `invalid-key`: the key is not 1 to 255 characters of visible ASCII.
     #[must_use]
     pub fn invalid_key(why: impl fmt::Display) -> Self {

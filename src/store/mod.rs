@@ -421,7 +421,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 /// A store operation that failed.
 ///
 /// Query the kind with [`StoreError::is_fenced`], [`StoreError::is_unavailable`],
-/// [`StoreError::is_corrupt`] and [`StoreError::is_unsupported`].
+/// [`StoreError::is_configuration`], [`StoreError::is_corrupt`],
+/// [`StoreError::is_unsupported`] and [`StoreError::is_unreplicated`].
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct StoreError {
@@ -434,8 +435,14 @@ pub struct StoreError {
 enum StoreErrorKind {
     Fenced,
     Unavailable(String),
+    Configuration(String),
     Corrupt(String),
     Unsupported(&'static str),
+    Unreplicated {
+        acked: usize,
+        wanted: usize,
+        timeout: Duration,
+    },
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -445,7 +452,9 @@ impl fmt::Display for StoreErrorKind {
                 "the fencing token no longer holds this record (another request took it over after its lease expired, or it was released, force-released or completed, or it expired); nothing was written",
             ),
             Self::Unavailable(m) => write!(f, "the idempotency store is unreachable or failing: {m}; retry later"),
+            Self::Configuration(m) => write!(f, "the idempotency store is misconfigured: {m}; retrying will not help"),
             Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
+            Self::Unreplicated { acked, wanted, timeout } => write!(f, "the completion is written on the primary, but only {acked} of the {wanted} replicas asked for acknowledged it within {timeout:?}: it would be lost if the primary failed now (check the replicas' health and lag, or wait for fewer)"),
             Self::Unsupported(op) => write!(f, "this idempotency store does not implement `{op}`: use one of idemkey's stores (they all do), or look the record up with the backing database's own tools"),
         }
     }
@@ -469,6 +478,39 @@ impl StoreError {
     ) -> Self {
         Self {
             kind: StoreErrorKind::Unavailable(what.into()),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store's configuration is wrong (a database that does not exist, a user the
+    /// server refuses, a Redis database number out of range, a file in a directory that
+    /// does not exist, an invalid table name): retrying will not help. `what` says what
+    /// to fix.
+    ///
+    /// ```
+    /// let e = idemkey::store::StoreError::configuration("database \"app\" does not exist");
+    /// assert!(e.is_configuration() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("does not exist"));
+    /// ```
+    #[must_use]
+    pub fn configuration(what: impl Into<String>) -> Self {
+        Self {
+            kind: StoreErrorKind::Configuration(what.into()),
+            source: None,
+        }
+    }
+
+    /// [`StoreError::configuration`], keeping the driver's error as the source.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn configuration_from(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind: StoreErrorKind::Configuration(what.into()),
             source: Some(source.into()),
         }
     }
@@ -498,6 +540,36 @@ impl StoreError {
         }
     }
 
+    /// A completion written on the primary that fewer than `wanted` replicas
+    /// acknowledged within `timeout` (`RedisStoreBuilder::wait_for_replicas`, feature
+    /// `redis`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let e = idemkey::store::StoreError::unreplicated(0, 1, Duration::from_millis(100));
+    /// assert!(e.is_unreplicated() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("0 of the 1 replicas"));
+    /// ```
+    #[must_use]
+    pub fn unreplicated(acked: usize, wanted: usize, timeout: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Unreplicated {
+                acked,
+                wanted,
+                timeout,
+            },
+            source: None,
+        }
+    }
+
+    /// `true` when a completion was written but not acknowledged by as many replicas as
+    /// the store was asked to wait for ([`StoreError::unreplicated`]): it may be lost if
+    /// the primary fails, and is not retried (the record already holds it).
+    #[must_use]
+    pub fn is_unreplicated(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unreplicated { .. })
+    }
+
     /// `true` when a complete, renew or release was refused because the token no longer
     /// holds the record.
     #[must_use]
@@ -509,6 +581,13 @@ impl StoreError {
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Unavailable(_))
+    }
+
+    /// `true` when the store's configuration is wrong and retrying will not help
+    /// ([`StoreError::configuration`]): fix what the message names.
+    #[must_use]
+    pub fn is_configuration(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Configuration(_))
     }
 
     /// `true` when a record could not be decoded.

@@ -25,6 +25,7 @@
 //! whom nobody took over still writes (contract rule 3). Every time decision uses the
 //! database's `now()`, so all instances agree on one clock.
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,8 +34,8 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::sql::{
-    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
-    unavailable,
+    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
+    fenced, sql, unavailable,
 };
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
@@ -237,16 +238,21 @@ impl PostgresStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the table name is invalid, or the URL is
-    /// invalid or the database cannot be reached.
+    /// [`StoreError::is_configuration`] when the table name or the URL is invalid, or
+    /// the server refuses the URL's database, user or password;
+    /// [`StoreError::is_unavailable`] when the server cannot be reached (the message
+    /// names the host and port tried).
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let table = TableName::parse(&self.table)?;
+        let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+            .map_err(|e| connect_failed("PostgreSQL", "?", e))?;
+        let at = format!("{}:{}", options.get_host(), options.get_port());
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
-            .connect(&self.url)
+            .connect_with(options)
             .await
-            .map_err(|e| unavailable("PostgreSQL: connecting", e))?;
+            .map_err(|e| connect_failed("PostgreSQL", &at, e))?;
         let sql = Arc::new(Statements::new(table.quoted()));
         Ok(PostgresStore { pool, table, sql })
     }

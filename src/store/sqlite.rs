@@ -184,15 +184,36 @@ impl SqliteStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the table name is invalid or the file cannot
-    /// be opened or written.
+    /// [`StoreError::is_configuration`] when the table name is invalid or the file's
+    /// directory does not exist; [`StoreError::is_unavailable`] when the file cannot be
+    /// opened or written.
+    ///
+    /// The path `:memory:` opens one in-memory database on a single connection (for
+    /// tests: records are lost when the store is dropped; [`MemoryStore`] is faster).
+    ///
+    /// [`MemoryStore`]: crate::store::MemoryStore
     pub async fn open(self) -> Result<SqliteStore, StoreError> {
         let table = TableName::parse(&self.table)?;
         if table.quoted().contains('.') {
-            return Err(StoreError::unavailable(
-                format!("invalid SQLite table name {:?}", self.table),
-                "name the table without a schema",
-            ));
+            return Err(StoreError::configuration(format!(
+                "invalid SQLite table name {:?}: name the table without a schema",
+                self.table
+            )));
+        }
+        // `:memory:` on each of several connections would be several empty databases:
+        // one connection holds the one database, kept open for the store's life.
+        let in_memory = self.path.as_os_str() == ":memory:";
+        if !in_memory {
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(StoreError::configuration(format!(
+                        "SQLite: the directory {} of {} does not exist; create it, or \
+                         choose a file in an existing directory",
+                        dir.display(),
+                        self.path.display()
+                    )));
+                }
+            }
         }
         let options = SqliteConnectOptions::new()
             .filename(&self.path)
@@ -201,15 +222,27 @@ impl SqliteStoreBuilder {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(self.busy_timeout);
         let pool = |n: u32| {
-            SqlitePoolOptions::new()
+            let pool = SqlitePoolOptions::new()
                 .max_connections(n)
-                .acquire_timeout(self.busy_timeout)
-                .connect_with(options.clone())
+                .acquire_timeout(self.busy_timeout);
+            let pool = if in_memory {
+                // Closing the connection would drop the database.
+                pool.min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+            } else {
+                pool
+            };
+            pool.connect_with(options.clone())
         };
         let opening = |e| unavailable(&format!("SQLite: opening {}", self.path.display()), e);
         let writer = pool(1).await.map_err(opening)?;
         migrate(&writer, &table).await?;
-        let readers = pool(self.max_connections.max(1)).await.map_err(opening)?;
+        let readers = if in_memory {
+            writer.clone()
+        } else {
+            pool(self.max_connections.max(1)).await.map_err(opening)?
+        };
         Ok(SqliteStore {
             writer,
             readers,

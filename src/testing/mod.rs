@@ -56,7 +56,7 @@ pub mod journal_conformance;
 mod proxy;
 mod server;
 
-pub use faults::{Fault, FaultInjector, FaultRates, FaultStats, Shot};
+pub use faults::{Fault, FaultInjector, FaultPlan, FaultRates, FaultStats, Shot};
 pub use proxy::FaultProxy;
 pub use server::TestServer;
 

@@ -43,7 +43,7 @@ impl KeyRequirement {
         extractor: &dyn ExtractKey,
     ) -> Result<Option<IdempotencyKey>, Rejection> {
         match found {
-            None if self == Self::Required => Err(Rejection::missing_key(&extractor.describe())),
+            None if self == Self::Required => Err(extractor.missing()),
             found => Ok(found),
         }
     }

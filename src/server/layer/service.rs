@@ -309,6 +309,10 @@ fn finish(result: Result<(), StoreError>, what: &str) {
         Err(e) if e.is_fenced() => tracing::warn!(
             "could not {what} the key: another request took it over after this one's lease expired; its outcome wins"
         ),
+        Err(e) if e.is_unreplicated() => tracing::warn!(
+            error = %e,
+            "the outcome is recorded on the primary but not on the replicas asked for: a failover now would lose it, and a retry would run again"
+        ),
         Err(e) => tracing::warn!(error = %e, "could not {what} the key; its lease will expire"),
     }
 }
