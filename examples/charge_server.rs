@@ -27,7 +27,9 @@
 //! - `POST /v1/events?count=N&interval_ms=M` (same verifier): `text/event-stream`, N
 //!   events `data: {"seq": i}` M ms apart, each sent as it is made (the verifier tees
 //!   the stream into its record); a retry gets the whole stream replayed at once.
-//! - `GET /stats`: `{"executions": n}`, the number of charges created (and streams).
+//! - `GET /stats`: `{"executions": n, "orders": o, "orders_with_several_keys": m}`, the
+//!   number of charges created (and streams), and the `order`s charged (under more than
+//!   one key).
 //!
 //! Try it:
 //!

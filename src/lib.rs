@@ -31,6 +31,10 @@
 //! - `redis`, `postgres`, `sqlite`, `mysql`, `dynamodb`: the shared and durable stores
 //!   (`RedisStore`, `PostgresStore`, `SqliteStore`, `MySqlStore`, `DynamoStore`); each
 //!   implies `server`.
+//! - `outbox`: `client::outbox`, a durable outbox for outgoing calls (persisted before
+//!   they are sent, finished after a crash with the same key), with the in-memory
+//!   journal; `outbox-sqlite` and `outbox-postgres` add its SQLite and PostgreSQL
+//!   journals (they imply the `sqlite` and `postgres` store features).
 //! - `test-util`: the `testing` module (test server, fault injector, the store
 //!   conformance suite); implies `client` and `server`.
 //!

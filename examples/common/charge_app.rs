@@ -6,14 +6,19 @@
 //! - `POST /v1/charges` behind the verifier (key required; scope: the `Authorization`
 //!   header, unscoped when absent). Body JSON or form-encoded: `amount` (integer),
 //!   optional `delay_ms` (sleeps that long first) and `fail` (answers 500 without
-//!   creating a charge). Answers `200 {"id": "ch_<n>", "object": "charge", "amount": ...}`.
+//!   creating a charge), `order` (the caller's operation: the app remembers which keys
+//!   created charges for it). Answers `200 {"id": "ch_<n>", "object": "charge", "amount": ...}`.
 //! - `POST /v1/events?count=N&interval_ms=M` behind the same verifier: a
 //!   `text/event-stream` of N events `data: {"seq": i}` (i from 0), M ms apart
 //!   (defaults 3 and 100), streamed through the layer as they are made and replayed
 //!   byte for byte to a retry; each stream counts as an execution.
-//! - `GET /stats`: `{"executions": n}`, the number of charges created (and event
-//!   streams started).
+//! - `GET /stats`: `{"executions": n, "orders": o, "orders_with_several_keys": m}`: the
+//!   charges created (and event streams started), the distinct `order`s charged, and
+//!   how many of those were charged under more than one key (a client that lost its key
+//!   would show here).
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -32,6 +37,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ChargeApp {
     executions: Executions,
+    /// For each `order`, the keys under which a charge was created for it.
+    keys_per_order: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// Only the tests hold a charge at a gate (after counting it, before answering).
     #[cfg(test)]
     gate: Option<crate::support::gate::Gate>,
@@ -51,6 +58,8 @@ struct ChargeRequest {
     delay_ms: Option<u64>,
     #[serde(default)]
     fail: Option<bool>,
+    #[serde(default)]
+    order: Option<String>,
 }
 
 impl ChargeApp {
@@ -64,6 +73,7 @@ impl ChargeApp {
     pub(crate) fn gated(gate: crate::support::gate::Gate) -> Self {
         Self {
             executions: Executions::default(),
+            keys_per_order: Arc::default(),
             gate: Some(gate),
         }
     }
@@ -154,6 +164,10 @@ async fn events(State(app): State<ChargeApp>, Query(q): Query<EventsQuery>) -> R
 }
 
 async fn create(State(app): State<ChargeApp>, req: Request) -> Response {
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let is_form = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -181,6 +195,14 @@ async fn create(State(app): State<ChargeApp>, req: Request) -> Response {
             .into_response();
     }
     let n = app.executions.record();
+    if let Some(order) = charge.order {
+        app.keys_per_order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(order)
+            .or_default()
+            .insert(key.unwrap_or_default());
+    }
     #[cfg(test)]
     if let Some(gate) = &app.gate {
         gate.pass().await;
@@ -194,5 +216,14 @@ async fn create(State(app): State<ChargeApp>, req: Request) -> Response {
 }
 
 async fn stats(State(app): State<ChargeApp>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "executions": app.executions().count() }))
+    let keys = app
+        .keys_per_order
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let several = keys.values().filter(|k| k.len() > 1).count();
+    Json(serde_json::json!({
+        "executions": app.executions().count(),
+        "orders": keys.len(),
+        "orders_with_several_keys": several,
+    }))
 }

@@ -105,6 +105,9 @@ mod error;
 mod flight;
 mod key;
 mod middleware;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 mod outcome;
 mod profile;
 mod request;

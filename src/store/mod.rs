@@ -57,7 +57,7 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-mod sql;
+pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod sweeper;

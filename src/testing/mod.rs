@@ -12,6 +12,8 @@
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
 //!   and third-party [`Store`](crate::store::Store) implementations can run it from
 //!   their own tests.
+//! - `journal_conformance` (feature `outbox`): the same for the client outbox's
+//!   journals.
 //!
 //! ```
 //! use axum::routing::post;
@@ -48,6 +50,9 @@
 
 pub mod conformance;
 mod faults;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod journal_conformance;
 mod proxy;
 mod server;
 

@@ -1,0 +1,176 @@
+//! Journaled against unjournaled calls to a loopback verifier: the price of the outbox.
+//!
+//! One verifier (the idempotency layer over the memory store, a trivial charge handler)
+//! on 127.0.0.1, and the default client stack. Each measurement sends a fixed number of
+//! `POST /v1/charges` from 1 or 64 concurrent callers:
+//!
+//! - `unjournaled`: `client.post(..).send()`, the body read (the baseline);
+//! - `sqlite`: the same through an [`Outbox`] over a `SqliteJournal` (WAL,
+//!   `synchronous = FULL`, group commit) in a temporary file;
+//! - `postgres`: the same over a `PostgresJournal` on the shared PostgreSQL
+//!   (`IDEMKEY_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in a
+//!   table of its own, dropped at the end.
+//!
+//! Every kind is measured three times, interleaved, and the median kept; throughput is
+//! given as a ratio to the unjournaled baseline of the same concurrency, with the
+//! journal's commits per call (for SQLite, each commit is one WAL sync).
+//!
+//! Run: `cargo bench --all-features --bench outbox`.
+
+#![allow(clippy::print_stdout, reason = "a benchmark prints its table")]
+
+use std::time::Instant;
+
+use axum::routing::post;
+use idemkey::client::ClientBuilder;
+use idemkey::client::outbox::{Outbox, OutboxExt, PostgresJournal, SqliteJournal};
+use idemkey::server::{Engine, IdempotencyLayer};
+use idemkey::store::MemoryStore;
+use idemkey::testing::TestServer;
+use reqwest_middleware::ClientWithMiddleware;
+
+const ROUNDS: usize = 3;
+
+#[derive(Clone)]
+enum Kind {
+    Unjournaled,
+    Sqlite(SqliteJournal, Outbox),
+    Postgres(PostgresJournal, Outbox),
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Unjournaled => "unjournaled",
+            Kind::Sqlite(..) => "sqlite",
+            Kind::Postgres(..) => "postgres",
+        }
+    }
+
+    fn commits(&self) -> u64 {
+        match self {
+            Kind::Unjournaled => 0,
+            Kind::Sqlite(j, _) => j.commits(),
+            Kind::Postgres(j, _) => j.commits(),
+        }
+    }
+
+    async fn call(&self, client: &ClientWithMiddleware, url: &str, id: String) {
+        let request = client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(format!("{{\"amount\":100,\"order\":\"{id}\"}}"));
+        match self {
+            Kind::Unjournaled => {
+                let response = request.send().await.expect("the verifier answers");
+                response.bytes().await.expect("the body");
+            }
+            Kind::Sqlite(_, outbox) | Kind::Postgres(_, outbox) => {
+                let outcome = request.outbox(outbox, id).send().await.expect("sent");
+                assert_eq!(outcome.status, 201);
+            }
+        }
+    }
+}
+
+/// Sends `per_caller` calls from each of `callers` concurrent callers: calls per second
+/// and commits per call.
+async fn measure(
+    kind: &Kind,
+    client: &ClientWithMiddleware,
+    url: &str,
+    callers: usize,
+    per_caller: usize,
+    run: &str,
+) -> (f64, f64) {
+    let before = kind.commits();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..callers {
+        let (kind, client, url, run) =
+            (kind.clone(), client.clone(), url.to_owned(), run.to_owned());
+        tasks.spawn(async move {
+            for i in 0..per_caller {
+                kind.call(&client, &url, format!("{run}:{c}:{i}")).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("caller");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let calls = (callers * per_caller) as f64;
+    (calls / elapsed, (kind.commits() - before) as f64 / calls)
+}
+
+fn median(mut v: Vec<(f64, f64)>) -> (f64, f64) {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let app = axum::Router::new().route(
+        "/v1/charges",
+        post(|| async { (http::StatusCode::CREATED, "{\"id\":\"ch_1\"}") }),
+    );
+    let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
+    let server = TestServer::start_verified(app, layer)
+        .await
+        .expect("verifier");
+    let url = server.url("/v1/charges");
+    let client = ClientBuilder::new(reqwest::Client::new()).build();
+
+    let dir = std::env::temp_dir().join(format!("idemkey-bench-outbox-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sqlite = SqliteJournal::open(dir.join("outbox.db"))
+        .await
+        .expect("SQLite journal");
+    let pg_url = std::env::var("IDEMKEY_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let table = format!("idemkey_bench_outbox_{}", std::process::id());
+    let postgres = PostgresJournal::builder(&pg_url)
+        .table(&table)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {pg_url} must be reachable: {e}"));
+    let kinds = [
+        Kind::Unjournaled,
+        Kind::Sqlite(sqlite.clone(), Outbox::new(sqlite)),
+        Kind::Postgres(postgres.clone(), Outbox::new(postgres)),
+    ];
+
+    println!("| callers | kind | calls/s | / unjournaled | commits per call |");
+    println!("|---|---|---|---|---|");
+    for (callers, per_caller) in [(1, 150), (64, 16)] {
+        // Warm-up: connections, prepared statements.
+        for kind in &kinds {
+            measure(kind, &client, &url, callers, 2, &format!("warm-{callers}")).await;
+        }
+        let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); kinds.len()];
+        for round in 0..ROUNDS {
+            for (k, kind) in kinds.iter().enumerate() {
+                let run = format!("c{callers}-r{round}");
+                results[k].push(measure(kind, &client, &url, callers, per_caller, &run).await);
+            }
+        }
+        let medians: Vec<(f64, f64)> = results.into_iter().map(median).collect();
+        let baseline = medians[0].0;
+        for (kind, (rate, commits)) in kinds.iter().zip(medians) {
+            println!(
+                "| {callers} | {} | {rate:.0} | {:.3} | {commits:.3} |",
+                kind.name(),
+                rate / baseline
+            );
+        }
+    }
+
+    let admin = sqlx::PgPool::connect(&pg_url).await.expect("PostgreSQL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS \"{table}\""
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the bench table");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,318 @@
+//! What the SQL journals (SQLite, PostgreSQL) share: the schema, the statements, and
+//! reading an operation back from a row. Table names are validated as the stores'
+//! are ([`TableName`]).
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use super::journal::{JournalError, Operation, Outcome, from_millis, to_millis};
+use crate::IdempotencyKey;
+use crate::store::sql::TableName;
+
+/// The journals' table unless configured otherwise.
+pub(crate) const DEFAULT_TABLE: &str = "idemkey_outbox";
+
+const COLUMNS: &str = "id, key, method, url, headers, body, created, attempts, status, replayed,
+  final_attempts, response_headers, response_body, truncated, completed";
+
+/// The statements of a journal over one table.
+pub(crate) struct Statements {
+    pub(crate) schema: String,
+    pub(crate) insert: Arc<str>,
+    pub(crate) get: Arc<str>,
+    pub(crate) begin_attempt: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) pending: Arc<str>,
+}
+
+impl Statements {
+    /// The statements over `table`, whose byte columns have type `bytes` (`BLOB`,
+    /// `BYTEA`). An operation is pending while its `status` is NULL.
+    pub(crate) fn new(table: &TableName, bytes: &str) -> Self {
+        let t = table.quoted();
+        let pending_index = table.index_name("pending");
+        Self {
+            schema: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+    id               TEXT    PRIMARY KEY,
+    key              TEXT    NOT NULL,
+    method           TEXT    NOT NULL,
+    url              TEXT    NOT NULL,
+    headers          {bytes} NOT NULL,
+    body             {bytes} NOT NULL,
+    created          BIGINT  NOT NULL,
+    attempts         BIGINT  NOT NULL,
+    status           INTEGER,
+    replayed         BOOLEAN,
+    final_attempts   BIGINT,
+    response_headers {bytes},
+    response_body    {bytes},
+    truncated        BOOLEAN,
+    completed        BIGINT
+);
+CREATE INDEX IF NOT EXISTS {pending_index} ON {t} (created) WHERE status IS NULL;"
+            ),
+            insert: format!(
+                "INSERT INTO {t} ({COLUMNS})
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+ON CONFLICT (id) DO NOTHING"
+            )
+            .into(),
+            get: format!("SELECT {COLUMNS} FROM {t} WHERE id = $1").into(),
+            begin_attempt: format!(
+                "UPDATE {t} SET attempts = attempts + 1 WHERE id = $1 AND status IS NULL
+RETURNING attempts"
+            )
+            .into(),
+            complete: format!(
+                "UPDATE {t} SET status = $2, replayed = $3, final_attempts = $4,
+  response_headers = $5, response_body = $6, truncated = $7, completed = $8
+WHERE id = $1 AND status IS NULL"
+            )
+            .into(),
+            pending: format!(
+                "SELECT {COLUMNS} FROM {t} WHERE status IS NULL ORDER BY created, id LIMIT $1"
+            )
+            .into(),
+        }
+    }
+}
+
+/// An operation's columns as owned values, in the order of the insert's parameters.
+pub(crate) struct OperationRow {
+    pub(crate) id: String,
+    pub(crate) key: String,
+    pub(crate) method: String,
+    pub(crate) url: String,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) created: i64,
+    pub(crate) attempts: i64,
+    pub(crate) outcome: Option<OutcomeRow>,
+}
+
+/// An outcome's columns, in the order of the complete's parameters `$2..`.
+pub(crate) struct OutcomeRow {
+    pub(crate) status: i32,
+    pub(crate) replayed: bool,
+    pub(crate) attempts: i64,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) truncated: bool,
+    pub(crate) completed: i64,
+}
+
+impl OperationRow {
+    pub(crate) fn new(op: &Operation) -> Self {
+        Self {
+            id: op.id.clone(),
+            key: op.key.as_str().to_owned(),
+            method: op.method.as_str().to_owned(),
+            url: op.url.clone(),
+            headers: encode_headers(&op.headers),
+            body: op.body.to_vec(),
+            created: to_millis(op.created),
+            attempts: i64::from(op.attempts),
+            outcome: op.outcome.as_ref().map(OutcomeRow::new),
+        }
+    }
+}
+
+impl OutcomeRow {
+    pub(crate) fn new(o: &Outcome) -> Self {
+        Self {
+            status: i32::from(o.status.as_u16()),
+            replayed: o.replayed,
+            attempts: i64::from(o.attempts),
+            headers: encode_headers(&o.headers),
+            body: o.body.to_vec(),
+            truncated: o.body_truncated,
+            completed: to_millis(o.completed),
+        }
+    }
+}
+
+/// Binds an [`OperationRow`] to the insert (`$1..$15`).
+macro_rules! bind_operation {
+    ($query:expr, $row:expr) => {{
+        let row: $crate::client::outbox::sql::OperationRow = $row;
+        let o = row.outcome;
+        $query
+            .bind(row.id)
+            .bind(row.key)
+            .bind(row.method)
+            .bind(row.url)
+            .bind(row.headers)
+            .bind(row.body)
+            .bind(row.created)
+            .bind(row.attempts)
+            .bind(o.as_ref().map(|o| o.status))
+            .bind(o.as_ref().map(|o| o.replayed))
+            .bind(o.as_ref().map(|o| o.attempts))
+            .bind(o.as_ref().map(|o| o.headers.clone()))
+            .bind(o.as_ref().map(|o| o.body.clone()))
+            .bind(o.as_ref().map(|o| o.truncated))
+            .bind(o.as_ref().map(|o| o.completed))
+    }};
+}
+
+/// Binds an id and an [`OutcomeRow`] to the complete (`$1..$8`).
+macro_rules! bind_outcome {
+    ($query:expr, $id:expr, $row:expr) => {{
+        let o: $crate::client::outbox::sql::OutcomeRow = $row;
+        $query
+            .bind($id)
+            .bind(o.status)
+            .bind(o.replayed)
+            .bind(o.attempts)
+            .bind(o.headers)
+            .bind(o.body)
+            .bind(o.truncated)
+            .bind(o.completed)
+    }};
+}
+
+pub(crate) use {bind_operation, bind_outcome};
+
+/// Reads an operation back from a row of [`Statements::get`] or
+/// [`Statements::pending`].
+pub(crate) fn decode_operation<'r, R>(row: &'r R) -> Result<Operation, JournalError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    bool: Decode<'r, R::Database> + Type<R::Database>,
+    i32: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let corrupt = |e: sqlx::Error| JournalError::corrupt(format!("an outbox row: {e}"));
+    let id: String = row.try_get("id").map_err(corrupt)?;
+    let bad = |what: &str| JournalError::corrupt(format!("operation {id:?} has an invalid {what}"));
+    let key = IdempotencyKey::new(row.try_get::<String, _>("key").map_err(corrupt)?)
+        .map_err(|_| bad("key"))?;
+    let method = Method::from_bytes(
+        row.try_get::<String, _>("method")
+            .map_err(corrupt)?
+            .as_bytes(),
+    )
+    .map_err(|_| bad("method"))?;
+    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    let outcome = match row.try_get::<Option<i32>, _>("status").map_err(corrupt)? {
+        None => None,
+        Some(status) => Some(Outcome {
+            status: u16::try_from(status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .ok_or_else(|| bad("status"))?,
+            replayed: row
+                .try_get::<Option<bool>, _>("replayed")
+                .map_err(corrupt)?
+                .unwrap_or(false),
+            attempts: count(
+                row.try_get::<Option<i64>, _>("final_attempts")
+                    .map_err(corrupt)?
+                    .unwrap_or(0),
+            ),
+            headers: decode_headers(
+                &row.try_get::<Option<Vec<u8>>, _>("response_headers")
+                    .map_err(corrupt)?
+                    .unwrap_or_default(),
+            )?,
+            body: row
+                .try_get::<Option<Vec<u8>>, _>("response_body")
+                .map_err(corrupt)?
+                .unwrap_or_default()
+                .into(),
+            body_truncated: row
+                .try_get::<Option<bool>, _>("truncated")
+                .map_err(corrupt)?
+                .unwrap_or(false),
+            completed: from_millis(
+                row.try_get::<Option<i64>, _>("completed")
+                    .map_err(corrupt)?
+                    .unwrap_or(0),
+            ),
+        }),
+    };
+    Ok(Operation {
+        key,
+        method,
+        url: row.try_get("url").map_err(corrupt)?,
+        headers: decode_headers(&row.try_get::<Vec<u8>, _>("headers").map_err(corrupt)?)?,
+        body: row.try_get::<Vec<u8>, _>("body").map_err(corrupt)?.into(),
+        created: from_millis(row.try_get("created").map_err(corrupt)?),
+        attempts: count(row.try_get("attempts").map_err(corrupt)?),
+        outcome,
+        id,
+    })
+}
+
+/// A failed database call: the journal is unavailable.
+pub(crate) fn unavailable(what: &str, e: sqlx::Error) -> JournalError {
+    JournalError::unavailable(
+        format!("outbox journal: {what} failed ({e}); try again later"),
+        e,
+    )
+}
+
+/// A journal's table name, validated as the stores' are.
+pub(crate) fn table_name(name: &str) -> Result<TableName, JournalError> {
+    TableName::parse(name)
+        .map_err(|e| JournalError::unavailable(format!("outbox journal table {name:?}: {e}"), e))
+}
+
+/// Headers as bytes for a journal column: for each header, its name and its value,
+/// each length-prefixed (the crate's framing), so any byte value round-trips.
+pub(crate) fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        crate::framing::field(&mut out, name.as_str().as_bytes());
+        crate::framing::field(&mut out, value.as_bytes());
+    }
+    out
+}
+
+/// The inverse of [`encode_headers`].
+pub(crate) fn decode_headers(mut bytes: &[u8]) -> Result<HeaderMap, JournalError> {
+    fn take<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let (len, rest) = bytes.split_first_chunk::<8>()?;
+        let len = usize::try_from(u64::from_be_bytes(*len)).ok()?;
+        if rest.len() < len {
+            return None;
+        }
+        let (field, rest) = rest.split_at(len);
+        *bytes = rest;
+        Some(field)
+    }
+    let bad = || JournalError::corrupt("a stored header list cannot be decoded");
+    let mut headers = HeaderMap::new();
+    while !bytes.is_empty() {
+        let name = take(&mut bytes).ok_or_else(bad)?;
+        let value = take(&mut bytes).ok_or_else(bad)?;
+        let name = HeaderName::from_bytes(name).map_err(|_| bad())?;
+        let value = HeaderValue::from_bytes(value).map_err(|_| bad())?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_with_repeats_and_bytes() {
+        let mut h = HeaderMap::new();
+        h.append("x-a", HeaderValue::from_static("1"));
+        h.append("x-a", HeaderValue::from_static("2"));
+        h.append(
+            "x-b",
+            HeaderValue::from_bytes(b"\xfa\xfb").expect("opaque bytes"),
+        );
+        assert_eq!(decode_headers(&encode_headers(&h)).expect("decodes"), h);
+        assert!(decode_headers(b"\0\0\0\0\0\0\0\x09ab").is_err());
+    }
+}

@@ -1,0 +1,479 @@
+//! The client outbox in one process: the journal conformance suite on every journal,
+//! and sending, recording, resuming and the transactional outbox against the real
+//! verifier (the examples' charge app) on 127.0.0.1.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use http::header;
+use idemkey::client::outbox::{
+    Journal, MemoryJournal, Outbox, OutboxExt, PostgresJournal, Resumed, SqliteJournal,
+};
+use idemkey::server::{Engine, IdempotencyLayer};
+use idemkey::store::MemoryStore;
+use idemkey::testing::{Fault, FaultProxy, journal_conformance};
+use support::apps::ChargeApp;
+
+const BEARER: &str = "Bearer sk_test_in_process";
+
+async fn postgres_journal(table: &str) -> PostgresJournal {
+    let url = support::postgres_url();
+    PostgresJournal::builder(&url)
+        .table(table)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {url} must be reachable: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_journal_conforms() {
+    journal_conformance::run(|| async { MemoryJournal::new() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_journal_conforms() {
+    let dir = support::TempDir::new("idemkey-outbox");
+    let journal = SqliteJournal::open(dir.path().join("outbox.db"))
+        .await
+        .expect("open the journal");
+    journal_conformance::run(|| {
+        let journal = journal.clone();
+        async move { journal }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_journal_conforms() {
+    let table = support::unique("idemkey_outbox_test");
+    let journal = postgres_journal(&table).await;
+    journal_conformance::run(|| {
+        let journal = journal.clone();
+        async move { journal }
+    })
+    .await;
+    support::drop_postgres_table(&table).await;
+}
+
+/// The charge app behind the verifier, and the app (for its counts).
+async fn charge_server() -> (idemkey::testing::TestServer, ChargeApp) {
+    let app = ChargeApp::new();
+    let server =
+        support::serve(app.router(IdempotencyLayer::new(Engine::new(MemoryStore::new())))).await;
+    (server, app)
+}
+
+fn outbox(journal: impl Journal) -> Outbox {
+    Outbox::builder(journal)
+        .credentials(|_op, headers| {
+            headers.insert(header::AUTHORIZATION, BEARER.parse().expect("header value"));
+        })
+        .build()
+}
+
+fn charge(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    url: &str,
+    order: &str,
+    amount: u64,
+) -> reqwest_middleware::RequestBuilder {
+    client
+        .post(url)
+        .header(header::AUTHORIZATION, BEARER)
+        .json(&serde_json::json!({"amount": amount, "order": order}))
+}
+
+#[tokio::test]
+async fn an_operation_is_sent_once_and_its_outcome_recorded() {
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(3).build();
+    let journal = MemoryJournal::new();
+    let outbox = outbox(journal.clone());
+    let url = server.url("/v1/charges");
+
+    let first = charge(&client, &url, "o-1", 100)
+        .outbox(&outbox, "charge:o-1")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(first.status, 200);
+    assert!(!first.replayed);
+    let again = charge(&client, &url, "o-1", 100)
+        .outbox(&outbox, "charge:o-1")
+        .send()
+        .await
+        .expect("the recorded outcome");
+    assert_eq!(
+        again, first,
+        "a completed operation is answered from the journal"
+    );
+    assert_eq!(app.executions().count(), 1);
+
+    let op = journal
+        .get("charge:o-1")
+        .await
+        .expect("get")
+        .expect("recorded");
+    assert_eq!(
+        op.key,
+        outbox.key_for("charge:o-1"),
+        "the key is derived from the id"
+    );
+    assert!(
+        op.headers.get(header::AUTHORIZATION).is_none(),
+        "credentials are not kept"
+    );
+    assert_eq!(
+        op.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        Some(&b"application/json"[..])
+    );
+    assert_eq!(
+        outbox.outcome("charge:o-1").await.expect("outcome"),
+        Some(first)
+    );
+}
+
+#[tokio::test]
+async fn the_same_id_with_a_different_body_is_refused_before_sending() {
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(3).build();
+    let outbox = outbox(MemoryJournal::new());
+    let url = server.url("/v1/charges");
+    charge(&client, &url, "o-2", 100)
+        .outbox(&outbox, "charge:o-2")
+        .send()
+        .await
+        .expect("sent");
+    let err = charge(&client, &url, "o-2", 200)
+        .outbox(&outbox, "charge:o-2")
+        .send()
+        .await
+        .expect_err("a different body under the same id");
+    assert!(err.is_operation_reused(), "{err}");
+    assert_eq!(err.kind_str(), "operation_reused");
+    assert_eq!(app.executions().count(), 1, "nothing more was sent");
+}
+
+#[tokio::test]
+async fn a_lost_response_is_retried_with_the_same_key_and_recorded_as_replayed() {
+    let (server, app) = charge_server().await;
+    let proxy = FaultProxy::start(server.addr(), |shot| {
+        if shot.key_attempt == 0 {
+            Fault::LoseResponse
+        } else {
+            Fault::None
+        }
+    })
+    .await
+    .expect("proxy");
+    let client = support::client::builder(3).build();
+    let outbox = outbox(MemoryJournal::new());
+    let outcome = charge(&client, &proxy.url("/v1/charges"), "o-3", 100)
+        .outbox(&outbox, "charge:o-3")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        (outcome.status.as_u16(), outcome.replayed, outcome.attempts),
+        (200, true, 2)
+    );
+    assert_eq!(app.executions().count(), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_stays_pending_and_resume_finishes_it_with_the_key() {
+    let (server, app) = charge_server().await;
+    // Every answer to the first two sends is lost; the client gives up after 1 retry.
+    let proxy = FaultProxy::start(server.addr(), |shot| {
+        if shot.key_attempt < 2 {
+            Fault::LoseResponse
+        } else {
+            Fault::None
+        }
+    })
+    .await
+    .expect("proxy");
+    let client = support::client::builder(1).build();
+    let journal = MemoryJournal::new();
+    let outbox = outbox(journal.clone());
+    let err = charge(&client, &proxy.url("/v1/charges"), "o-4", 100)
+        .outbox(&outbox, "charge:o-4")
+        .send()
+        .await
+        .expect_err("both answers lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.key(), Some(&outbox.key_for("charge:o-4")));
+    let pending = outbox.pending().await.expect("pending");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(outbox.outcome("charge:o-4").await.expect("outcome"), None);
+
+    let report = outbox.resume(&client).await.expect("resume");
+    assert_eq!(
+        (report.done(), report.pending(), report.expired()),
+        (1, 0, 0)
+    );
+    let Resumed::Done(outcome) = &report.operations[0].1 else {
+        panic!("resumed: {:?}", report.operations);
+    };
+    assert!(
+        outcome.replayed,
+        "the server had executed it: the resend gets the replay"
+    );
+    assert_eq!(
+        app.executions().count(),
+        1,
+        "executed once across the resend"
+    );
+    let op = journal
+        .get("charge:o-4")
+        .await
+        .expect("get")
+        .expect("recorded");
+    assert_eq!(op.attempts, 2, "the send and the resume");
+    assert!(outbox.pending().await.expect("pending").is_empty());
+}
+
+#[tokio::test]
+async fn an_expired_operation_is_reported_and_not_sent() {
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(1).build();
+    let journal = MemoryJournal::new();
+    let outbox = Outbox::builder(journal.clone())
+        .retention(Duration::from_secs(3600))
+        .build();
+    let request = charge(&client, &server.url("/v1/charges"), "o-5", 100)
+        .build()
+        .expect("request");
+    let mut op = outbox.prepare("charge:o-5", request).expect("prepare");
+    op.created = SystemTime::now() - Duration::from_secs(2 * 3600);
+    outbox.enqueue(op).await.expect("enqueue");
+    let report = outbox.resume(&client).await.expect("resume");
+    assert_eq!(
+        (report.done(), report.pending(), report.expired()),
+        (0, 0, 1)
+    );
+    let err = outbox
+        .deliver(&client, "charge:o-5")
+        .await
+        .expect_err("expired");
+    assert!(err.is_expired(), "{err}");
+    assert_eq!(app.executions().count(), 0, "never sent");
+    assert_eq!(
+        outbox.pending().await.expect("pending").len(),
+        1,
+        "left for the application"
+    );
+}
+
+#[tokio::test]
+async fn the_resumer_finishes_pending_operations_in_the_background() {
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(1).build();
+    let journal = MemoryJournal::new();
+    let outbox = outbox(journal.clone());
+    for i in 0..3 {
+        let request = charge(
+            &client,
+            &server.url("/v1/charges"),
+            &format!("o-6-{i}"),
+            100,
+        )
+        .build()
+        .expect("request");
+        outbox
+            .enqueue(
+                outbox
+                    .prepare(&format!("charge:o-6-{i}"), request)
+                    .expect("prepare"),
+            )
+            .await
+            .expect("enqueue");
+    }
+    let resumer = outbox.spawn_resumer(client.clone(), Duration::from_millis(20));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !outbox.pending().await.expect("pending").is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the resumer finished nothing in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    resumer.stop();
+    assert_eq!(app.executions().count(), 3);
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_refused_before_anything_is_recorded() {
+    let client = support::client::builder(1).build();
+    let journal = MemoryJournal::new();
+    let outbox = Outbox::new(journal.clone());
+    let err = client
+        .post("http://127.0.0.1:9/v1/charges")
+        .body(reqwest::Body::wrap(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"x"),
+        )))
+        .outbox(&outbox, "charge:stream")
+        .send()
+        .await
+        .expect_err("a stream cannot be kept");
+    assert!(err.is_invalid_request(), "{err}");
+    assert_eq!(journal.get("charge:stream").await.expect("get"), None);
+}
+
+/// 64 enqueues arriving together share one commit (one WAL sync): on a current-thread
+/// runtime every task queues its write before the writer task runs again.
+#[tokio::test(flavor = "current_thread")]
+async fn sqlite_enqueues_arriving_together_share_a_commit() {
+    let dir = support::TempDir::new("idemkey-outbox");
+    let journal = SqliteJournal::open(dir.path().join("outbox.db"))
+        .await
+        .expect("open");
+    let outbox = Outbox::new(journal.clone());
+    let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+    let before = journal.commits();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let outbox = outbox.clone();
+        let request = client
+            .post("http://127.0.0.1:9/")
+            .body(format!("{i}"))
+            .build()
+            .expect("request");
+        tasks.spawn(async move {
+            let op = outbox
+                .prepare(&format!("op:{i}"), request)
+                .expect("prepare");
+            outbox.enqueue(op).await.expect("enqueue");
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("task");
+    }
+    let commits = journal.commits() - before;
+    assert!(commits <= 2, "64 enqueues took {commits} commits");
+    assert_eq!(
+        outbox.pending().await.expect("pending").len(),
+        64,
+        "all durable"
+    );
+}
+
+/// The transactional outbox on SQLite: an operation enqueued in a rolled-back
+/// transaction never existed; a committed one is delivered.
+#[tokio::test]
+async fn sqlite_enqueue_in_commits_or_rolls_back_with_the_application() {
+    let dir = support::TempDir::new("idemkey-outbox");
+    let path = dir.path().join("app.db");
+    let journal = SqliteJournal::open(&path).await.expect("open");
+    let app_db = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("app pool");
+    sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+        .execute(&app_db)
+        .await
+        .expect("orders");
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(1).build();
+    let outbox = outbox(journal.clone());
+    let op = |id: &str| {
+        let request = charge(&client, &server.url("/v1/charges"), id, 100)
+            .build()
+            .expect("request");
+        outbox.prepare(id, request).expect("prepare")
+    };
+
+    let mut tx = app_db.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders (id) VALUES ('a')")
+        .execute(&mut *tx)
+        .await
+        .expect("order");
+    journal
+        .enqueue_in(&mut tx, &op("charge:a"))
+        .await
+        .expect("enqueue_in");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        journal.get("charge:a").await.expect("get"),
+        None,
+        "rolled back with the order"
+    );
+
+    let mut tx = app_db.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders (id) VALUES ('b')")
+        .execute(&mut *tx)
+        .await
+        .expect("order");
+    journal
+        .enqueue_in(&mut tx, &op("charge:b"))
+        .await
+        .expect("enqueue_in");
+    tx.commit().await.expect("commit");
+    let outcome = outbox
+        .deliver(&client, "charge:b")
+        .await
+        .expect("delivered");
+    assert_eq!(outcome.status, 200);
+    assert_eq!(app.executions().count(), 1);
+}
+
+/// The transactional outbox on PostgreSQL, as on SQLite.
+#[tokio::test]
+async fn postgres_enqueue_in_commits_or_rolls_back_with_the_application() {
+    let table = support::unique("idemkey_outbox_test");
+    let orders = format!("{table}_orders");
+    let journal = postgres_journal(&table).await;
+    let app_db = support::postgres_admin(&support::postgres_url()).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE \"{orders}\" (id TEXT PRIMARY KEY)"
+    )))
+    .execute(&app_db)
+    .await
+    .expect("orders");
+    let insert = |id: &str| format!("INSERT INTO \"{orders}\" (id) VALUES ('{id}')");
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(1).build();
+    let outbox = outbox(journal.clone());
+    let op = |id: &str| {
+        let request = charge(&client, &server.url("/v1/charges"), id, 100)
+            .build()
+            .expect("request");
+        outbox.prepare(id, request).expect("prepare")
+    };
+
+    let mut tx = app_db.begin().await.expect("begin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(insert("a")))
+        .execute(&mut *tx)
+        .await
+        .expect("order");
+    journal
+        .enqueue_in(&mut tx, &op("charge:a"))
+        .await
+        .expect("enqueue_in");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        journal.get("charge:a").await.expect("get"),
+        None,
+        "rolled back with the order"
+    );
+
+    let mut tx = app_db.begin().await.expect("begin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(insert("b")))
+        .execute(&mut *tx)
+        .await
+        .expect("order");
+    journal
+        .enqueue_in(&mut tx, &op("charge:b"))
+        .await
+        .expect("enqueue_in");
+    tx.commit().await.expect("commit");
+    let outcome = outbox
+        .deliver(&client, "charge:b")
+        .await
+        .expect("delivered");
+    assert_eq!(outcome.status, 200);
+    assert_eq!(app.executions().count(), 1);
+
+    support::drop_postgres_table(&table).await;
+    support::drop_postgres_table(&orders).await;
+}
