@@ -54,6 +54,7 @@ pub mod client;
 mod framing;
 pub mod key;
 pub mod protocol;
+pub mod telemetry;
 
 #[cfg(feature = "server")]
 pub mod fingerprint;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::execution::{Execution, Lease, Recordings};
+use super::telemetry::{Decision, ObservedStore};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
@@ -249,7 +250,7 @@ impl Engine {
     pub fn builder(store: impl Store) -> EngineBuilder {
         EngineBuilder {
             cfg: Config {
-                store: Arc::new(store),
+                store: Arc::new(ObservedStore::new(store)),
                 lease: DEFAULT_LEASE,
                 renew_every: DEFAULT_LEASE / 3,
                 renew_every_set: None,
@@ -398,6 +399,7 @@ impl Engine {
         fingerprint: &Fingerprint,
     ) -> Result<Claimed, ClaimError> {
         let id = RecordId::new(scope, key.as_str());
+        super::telemetry::record_id(&id);
         let fingerprint = fingerprint.as_bytes();
         let token = FencingToken::random();
         let claim = self
@@ -411,12 +413,17 @@ impl Engine {
                 retention: self.cfg.retention,
             })
             .await;
-        Ok(match claim {
+        let (decision, claimed) = match claim {
             Ok(Claim::Acquired { takeover }) => {
                 if takeover {
                     tracing::info!(record = %id, "took over a key whose owner's lease expired");
                 }
-                Claimed::Execute(Execution::new(
+                let decision = if takeover {
+                    Decision::Takeover
+                } else {
+                    Decision::Fresh
+                };
+                let exec = Execution::new(
                     Arc::clone(&self.cfg.store),
                     Lease {
                         length: self.cfg.lease,
@@ -427,30 +434,39 @@ impl Engine {
                     takeover,
                     self.cfg.retention,
                     Arc::clone(&self.cfg.recordings),
-                ))
+                );
+                (decision, Claimed::Execute(exec))
             }
             Ok(Claim::InProgress {
                 fingerprint: held,
                 lease_remaining,
-            }) if held == fingerprint => Claimed::InProgress {
-                retry_after: lease_remaining.min(self.cfg.in_progress_retry_after),
-            },
+            }) if held == fingerprint => (
+                Decision::Conflict,
+                Claimed::InProgress {
+                    retry_after: lease_remaining.min(self.cfg.in_progress_retry_after),
+                },
+            ),
             Ok(Claim::Completed {
                 fingerprint: held,
                 payload,
-            }) if held == fingerprint => Claimed::Replay(payload),
-            Ok(Claim::InProgress { .. } | Claim::Completed { .. }) => Claimed::KeyReused,
+            }) if held == fingerprint => (Decision::Replay, Claimed::Replay(payload)),
+            Ok(Claim::InProgress { .. } | Claim::Completed { .. }) => {
+                (Decision::Mismatch, Claimed::KeyReused)
+            }
             Err(e) if self.cfg.fail_open => {
                 tracing::warn!(error = %e, "idempotency store failed; running unguarded (fail-open)");
-                Claimed::Unguarded
+                (Decision::FailOpen, Claimed::Unguarded)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "idempotency store failed; nothing runs (fail-closed)");
+                Decision::StoreUnavailable.record();
                 return Err(ClaimError {
                     source: e,
                     retry_after: self.cfg.unavailable_retry_after,
                 });
             }
-        })
+        };
+        decision.record();
+        Ok(claimed)
     }
 }

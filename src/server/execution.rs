@@ -182,7 +182,9 @@ impl Execution {
         self.done = true;
         let recorder = self.recorder();
         let first = recorder.attempt(&payload).await;
-        recorder.persist(payload, first).await
+        let result = recorder.persist(payload, first).await;
+        ended(result.as_ref().map(|()| "recorded"));
+        result
     }
 
     /// Completes the key with `payload` (as [`Execution::complete`]) without waiting for
@@ -219,14 +221,19 @@ impl Execution {
     pub async fn complete_or_defer(mut self, payload: Bytes) -> Result<Completion, StoreError> {
         self.done = true;
         let recorder = self.recorder();
-        match recorder.attempt(&payload).await {
+        let result = match recorder.attempt(&payload).await {
             Ok(()) => Ok(Completion::Recorded),
             Err(e) if e.is_unavailable() => {
                 tracing::warn!(record = %recorder.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
                 Ok(Completion::Deferred(recorder.spawn(payload, Err(e))))
             }
             Err(e) => Err(e),
-        }
+        };
+        ended(result.as_ref().map(|c| match c {
+            Completion::Recorded => "recorded",
+            Completion::Deferred(_) => "deferred",
+        }));
+        result
     }
 
     fn recorder(&self) -> Recorder {
@@ -246,7 +253,9 @@ impl Execution {
     /// leave the key to its lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.done = true;
-        self.store.release(&self.id, self.token).await
+        let result = self.store.release(&self.id, self.token).await;
+        ended(result.as_ref().map(|()| "released"));
+        result
     }
 }
 
@@ -255,6 +264,7 @@ impl Drop for Execution {
         if self.done {
             return;
         }
+        crate::telemetry::server_execution("abandoned");
         let (store, id, token) = (Arc::clone(&self.store), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -264,6 +274,15 @@ impl Drop for Execution {
             });
         }
     }
+}
+
+/// Counts an execution that ended: with `outcome`, or fenced or failed.
+fn ended(result: Result<&'static str, &StoreError>) {
+    crate::telemetry::server_execution(match result {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_fenced() => "fenced",
+        Err(_) => "failed",
+    });
 }
 
 /// How [`Execution::complete_or_defer`] went.

@@ -81,6 +81,9 @@
 //! for Stripe, GitHub, Standard Webhooks and others, batches, and Standard Webhooks
 //! signatures.
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 mod body;
 mod engine;
 mod execution;
@@ -91,6 +94,7 @@ mod policy;
 pub(crate) mod record;
 mod rejection;
 mod stored_response;
+mod telemetry;
 pub mod webhook;
 
 pub use body::{BoxError, RequestBody, ResponseBody};

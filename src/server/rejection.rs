@@ -40,11 +40,11 @@ pub struct Rejection {
 
 impl Rejection {
     /// `problem` with its default status.
-    fn of(problem: Problem, detail: impl Into<String>) -> Self {
+    pub(crate) fn of(problem: Problem, detail: impl Into<String>) -> Self {
         Self::new(problem, problem.default_status(), detail)
     }
 
-    fn new(problem: Problem, status: StatusCode, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(problem: Problem, status: StatusCode, detail: impl Into<String>) -> Self {
         Self {
             problem,
             status,
@@ -126,6 +126,12 @@ impl Rejection {
             lease_remaining,
         )));
         r
+    }
+
+    /// This rejection, sent with `Retry-After: after` (whole seconds, rounded up).
+    pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(after)));
+        self
     }
 
     /// 503 `store-unavailable`, retry after `retry_after`; nothing was executed.

@@ -593,6 +593,10 @@ fn decode_claim(v: Value) -> Result<Claim, StoreError> {
 
 #[async_trait::async_trait]
 impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let reply: Value = self
             .scripts

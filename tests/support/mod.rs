@@ -16,6 +16,8 @@
 //! - [`raw`]: HTTP/1.1 over a raw TCP socket (stalled heads, short bodies,
 //!   `Expect: 100-continue`);
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
+//! - [`telemetry`]: the spans and metrics the crate emits, captured (feature
+//!   `metrics`);
 //! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
 //!   versions into a cache folder.
 #![allow(
@@ -32,6 +34,8 @@ pub(crate) mod moto;
 pub(crate) mod peers;
 pub(crate) mod raw;
 pub(crate) mod recorder;
+#[cfg(feature = "metrics")]
+pub(crate) mod telemetry;
 pub(crate) mod verifier;
 pub(crate) mod webhook;
 

@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::future::{DetachOnDrop, ResponseFuture};
 use super::layer::{Config, KeyRequirement};
@@ -20,6 +21,7 @@ use crate::server::execution::{Completion, Execution};
 use crate::server::policy::Outcome;
 use crate::server::rejection::Rejection;
 use crate::server::stored_response;
+use crate::server::telemetry::{self, Decision};
 use crate::store::StoreError;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -94,7 +96,11 @@ where
         // The ready service goes with this request; a clone stays for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(handle(self.cfg.clone(), inner, req))
+        let span = telemetry::request_span(req.method());
+        ResponseFuture::new(telemetry::in_request_span(
+            span,
+            handle(self.cfg.clone(), inner, req),
+        ))
     }
 }
 
@@ -117,6 +123,7 @@ where
     let (parts, body) = req.into_parts();
     let requirement = (cfg.requirement)(&parts);
     if requirement == KeyRequirement::Off {
+        Decision::Unkeyed.record();
         let req = Request::from_parts(parts, RequestBody::passthrough(body));
         return Ok(inner.call(req).await?.map(ResponseBody::wrap));
     }
@@ -124,19 +131,20 @@ where
     // A key (and scope) judged from the head alone is answered before the body is read.
     let head = match judge_head(&cfg, &parts, requirement) {
         Ok(head) => head,
-        Err(rejection) => return Ok(rejection.into_response()),
+        Err(rejection) => return Ok(rejected(rejection)),
     };
     let bytes = match read_body(&cfg, &parts, body).await {
         Ok(b) => b,
-        Err(rejection) => return Ok(rejection.into_response()),
+        Err(rejection) => return Ok(rejected(rejection)),
     };
     let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
         Ok(Some(found)) => found,
         Ok(None) => {
+            Decision::Unkeyed.record();
             let req = Request::from_parts(parts, RequestBody::buffered(bytes));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));
         }
-        Err(rejection) => return Ok(rejection.into_response()),
+        Err(rejection) => return Ok(rejected(rejection)),
     };
     let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
     let claimed = cfg.engine.claim(&scope, &key, &fingerprint).await;
@@ -146,7 +154,7 @@ where
             // Polled in place; if the caller goes away (hyper drops this future), the
             // rest moves to a spawned task, so the handler still finishes and its
             // outcome is recorded.
-            DetachOnDrop::new(execute(cfg, inner, req, exec)).await
+            DetachOnDrop::new(execute(cfg, inner, req, exec).in_current_span()).await
         }
         Ok(Claimed::Replay(payload)) => Ok(stored_response::replay(
             payload,
@@ -160,6 +168,12 @@ where
         Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).into_response()),
         Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).into_response()),
     }
+}
+
+/// The answer to a request refused before any claim.
+fn rejected(rejection: Rejection) -> Response<ResponseBody> {
+    Decision::Rejected.record();
+    rejection.into_response()
 }
 
 /// What the head alone told of a request's key and scope: filled in when their
@@ -249,7 +263,12 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let resp = match exec.run(inner.call(req)).await {
+    let started = telemetry::started();
+    let resp = exec.run(inner.call(req)).await;
+    if let Some(started) = started {
+        crate::telemetry::server_handler_duration(started.elapsed());
+    }
+    let resp = match resp {
         Ok(r) => r,
         Err(e) => {
             finish(exec.release().await, "release");
@@ -269,8 +288,9 @@ where
         .await
     {
         Collected::Full(bytes) => {
-            let record = stored_response::record(&parts, bytes.clone(), &cfg.deny);
-            record_outcome(exec, record.encode()).await;
+            let record = stored_response::record(&parts, bytes.clone(), &cfg.deny).encode();
+            crate::telemetry::server_stored_bytes(record.len());
+            record_outcome(exec, record).await;
             Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
         }
         Collected::TooLarge(prefix, rest) => {
