@@ -23,6 +23,9 @@ use std::process::ExitCode;
 use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
 use serde_json::json;
 
+#[path = "common/telemetry.rs"]
+mod telemetry;
+
 /// One output line; fields in the documented order.
 #[derive(serde::Serialize)]
 struct Line {
@@ -97,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    telemetry::init_tracing();
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {

@@ -41,6 +41,8 @@ use idemkey::server::{Engine, IdempotencyLayer};
 mod charge_app;
 #[path = "common/serve.rs"]
 mod serve;
+#[path = "common/telemetry.rs"]
+mod telemetry;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: charge_server --addr IP:PORT [--store URL]
@@ -94,6 +96,7 @@ fn parse_args() -> Result<Args, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    telemetry::init_tracing();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

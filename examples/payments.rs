@@ -23,6 +23,8 @@ use idemkey::testing::{Fault, FaultInjector, TestServer};
 
 #[path = "common/charge_app.rs"]
 mod charge_app;
+#[path = "common/telemetry.rs"]
+mod telemetry;
 use charge_app::ChargeApp;
 
 const OPERATIONS: u64 = 24;
@@ -50,6 +52,7 @@ struct Outcome {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    telemetry::init_tracing();
     let app = ChargeApp::new();
     let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()));
     let server = match TestServer::start(app.router(layer)).await {

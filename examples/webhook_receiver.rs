@@ -62,6 +62,8 @@ use idemkey::store::Store;
 
 #[path = "common/serve.rs"]
 mod serve;
+#[path = "common/telemetry.rs"]
+mod telemetry;
 
 /// The largest Adyen batch read (the presets' layers have the same default, 2 MiB).
 const BODY_LIMIT: usize = idemkey::server::DEFAULT_BODY_LIMIT;
@@ -268,6 +270,7 @@ fn args() -> Result<Args, String> {
 
 #[tokio::main]
 async fn main() {
+    telemetry::init_tracing();
     if let Err(e) = run().await {
         eprintln!("webhook_receiver: {e}");
         std::process::exit(2);
