@@ -19,6 +19,14 @@
 //! It prints requests per second per round and workload, then the ratios against
 //! `bare` of the same rounds (totals over all rounds), for example
 //! `fresh/bare 0.62  replay/bare 0.95`.
+//!
+//! With `--against PATH`, it compares two builds instead: PATH is this program built
+//! another way (for example without idemkey's `metrics` feature), started as a second
+//! server process; each round drives `fresh` and `replay` against both verifiers, in
+//! alternating order, and it prints `fresh this/other` and `replay this/other`. Both
+//! servers install the Prometheus recorder of `examples/common/metrics.rs`, so a build
+//! with `--features metrics` measures idemkey's metrics with a real recorder against
+//! the same program without them (BENCHMARKS.md, "Cost of the metrics").
 #![allow(
     clippy::print_stdout,
     reason = "a command-line program prints its results"
@@ -41,19 +49,24 @@ use tokio::net::{TcpListener, TcpStream};
 
 #[path = "common/charge_app.rs"]
 mod charge_app;
+#[path = "common/metrics.rs"]
+mod metrics;
 use charge_app::ChargeApp;
 
-const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
-  measures the charge handler bare, behind the verifier with fresh keys, and with replays";
+const USAGE: &str =
+    "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T] [--against PATH]
+  measures the charge handler bare, behind the verifier with fresh keys, and with replays;
+  with --against, this build's verifier against PATH's (this program built another way)";
 
 const BODY: &[u8] = br#"{"amount":100}"#;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Args {
     seconds: u64,
     rounds: u32,
     connections: usize,
     threads: usize,
+    against: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +94,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         rounds: 3,
         connections: 32,
         threads: 2,
+        against: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -96,6 +110,12 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--rounds" => args.rounds = u32::try_from(number("--rounds")?).unwrap_or(u32::MAX),
             "--connections" => args.connections = number("--connections")? as usize,
             "--threads" => args.threads = number("--threads")? as usize,
+            "--against" => {
+                let path = it
+                    .next()
+                    .ok_or(format!("--against needs a path; {USAGE}"))?;
+                args.against = Some(path.into());
+            }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
@@ -142,6 +162,8 @@ fn serve() -> ExitCode {
         .build();
     let result = runtime.map_err(|e| e.to_string()).and_then(|rt| {
         rt.block_on(async {
+            // The same recorder in every build, so that only idemkey's metrics differ.
+            let _metrics = metrics::install()?;
             let app = ChargeApp::new();
             let verified = app.router(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
             let bare = app.bare_router();
@@ -172,8 +194,10 @@ fn serve() -> ExitCode {
     }
 }
 
-async fn drive(args: Args) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+/// A server process of `exe --serve`, and its bare and verified addresses.
+async fn start_server(
+    exe: &std::path::Path,
+) -> Result<(tokio::process::Child, SocketAddr, SocketAddr), String> {
     let mut server = tokio::process::Command::new(exe)
         .arg("--serve")
         .stdout(Stdio::piped())
@@ -197,6 +221,19 @@ async fn drive(args: Args) -> Result<(), String> {
     };
     let bare = addr_of("BARE").await?;
     let verified = addr_of("VERIFIED").await?;
+    Ok((server, bare, verified))
+}
+
+async fn drive(args: Args) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let (mut server, bare, verified) = start_server(&exe).await?;
+    if let Some(other) = &args.against {
+        let (mut other_server, _, other_verified) = start_server(other).await?;
+        let result = compare(&args, verified, other_verified).await;
+        server.kill().await.map_err(|e| e.to_string())?;
+        other_server.kill().await.map_err(|e| e.to_string())?;
+        return result;
+    }
     let seconds = Duration::from_secs(args.seconds);
     println!(
         "{} round(s) of {} s per workload, {} connections, {} client threads",
@@ -222,6 +259,43 @@ async fn drive(args: Args) -> Result<(), String> {
     let ratio = |i: usize| totals[i] as f64 / totals[0].max(1) as f64;
     println!("fresh/bare {:.2}  replay/bare {:.2}", ratio(1), ratio(2));
     server.kill().await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// This build's verifier (`this`) against another build's (`other`): `fresh` and
+/// `replay` on both each round, the order alternating between rounds.
+async fn compare(args: &Args, this: SocketAddr, other: SocketAddr) -> Result<(), String> {
+    let seconds = Duration::from_secs(args.seconds);
+    println!(
+        "{} round(s) of {} s per workload and build, {} connections, {} client threads",
+        args.rounds, args.seconds, args.connections, args.threads
+    );
+    // [workload][build]: requests answered, totals over the rounds.
+    let mut totals = [[0u64; 2]; 2];
+    for round in 1..=args.rounds {
+        let builds = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for (w, workload) in [Workload::Fresh, Workload::Replay].into_iter().enumerate() {
+            for build in builds {
+                let addr = [this, other][build];
+                // Keys differ per build, so neither replays the other's.
+                let tag = round * 2 + u32::try_from(build).unwrap_or(0);
+                let done = run(workload, addr, args.connections, seconds, tag).await?;
+                totals[w][build] += done;
+                println!(
+                    "round {round} {:>6} {:>5}: {:>9.0} req/s",
+                    workload.name(),
+                    ["this", "other"][build],
+                    done as f64 / seconds.as_secs_f64()
+                );
+            }
+        }
+    }
+    let ratio = |w: usize| totals[w][0] as f64 / totals[w][1].max(1) as f64;
+    println!(
+        "fresh this/other {:.3}  replay this/other {:.3}",
+        ratio(0),
+        ratio(1)
+    );
     Ok(())
 }
 

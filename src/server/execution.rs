@@ -377,9 +377,14 @@ struct Recorder {
 
 impl Recorder {
     async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
-        self.store
+        let result = self
+            .store
             .complete(&self.id, self.token, payload.clone(), self.retention)
-            .await
+            .await;
+        if result.is_ok() {
+            crate::telemetry::server_stored_bytes(payload.len());
+        }
+        result
     }
 
     /// Goes on from the result of the last attempt while the store is unavailable: a

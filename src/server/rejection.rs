@@ -137,12 +137,11 @@ impl Rejection {
     /// 503 `store-unavailable`, retry after `retry_after`; nothing was executed.
     #[must_use]
     pub fn store_unavailable(after: Duration) -> Self {
-        let mut r = Self::of(
+        Self::of(
             Problem::StoreUnavailable,
             "the idempotency store cannot be reached, so the request was not executed; retry with the same key later",
-        );
-        r.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(after)));
-        r
+        )
+        .with_retry_after(after)
     }
 
     /// 500 `record-unreadable`: a completed record exists but cannot be decoded.

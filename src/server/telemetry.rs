@@ -92,9 +92,15 @@ pub(crate) async fn in_request_span<B, E>(
     result
 }
 
-/// A clock for a histogram: read only when the `metrics` feature is on.
-pub(crate) fn started() -> Option<Instant> {
-    telemetry::METRICS.then(Instant::now)
+/// Runs the handler's future `fut`, timing it for the handler-duration histogram (the
+/// clock is read only with the `metrics` feature).
+pub(crate) async fn timed_handler<F: Future>(fut: F) -> F::Output {
+    let started = telemetry::METRICS.then(Instant::now);
+    let out = fut.await;
+    if let Some(started) = started {
+        telemetry::server_handler_duration(started.elapsed());
+    }
+    out
 }
 
 /// The engine's store, observed: every operation runs in an `idemkey.store` span and

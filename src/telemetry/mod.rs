@@ -138,7 +138,7 @@ pub fn describe_metrics() {
     describe_histogram!(
         SERVER_STORED_BYTES,
         Unit::Bytes,
-        "Size of each stored response record"
+        "Size of each outcome recorded"
     );
     describe_histogram!(STORE_DURATION, Unit::Seconds, "Latency of store operations");
     describe_counter!(

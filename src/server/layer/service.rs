@@ -263,12 +263,7 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let started = telemetry::started();
-    let resp = exec.run(inner.call(req)).await;
-    if let Some(started) = started {
-        crate::telemetry::server_handler_duration(started.elapsed());
-    }
-    let resp = match resp {
+    let resp = match exec.run(telemetry::timed_handler(inner.call(req))).await {
         Ok(r) => r,
         Err(e) => {
             finish(exec.release().await, "release");
@@ -288,9 +283,8 @@ where
         .await
     {
         Collected::Full(bytes) => {
-            let record = stored_response::record(&parts, bytes.clone(), &cfg.deny).encode();
-            crate::telemetry::server_stored_bytes(record.len());
-            record_outcome(exec, record).await;
+            let record = stored_response::record(&parts, bytes.clone(), &cfg.deny);
+            record_outcome(exec, record.encode()).await;
             Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
         }
         Collected::TooLarge(prefix, rest) => {
