@@ -1,6 +1,7 @@
 //! The verifier's cost: fingerprinting, and the layer against the same handler without
 //! it, in-process (a tower `oneshot`) and over loopback (reqwest to axum on 127.0.0.1),
-//! for fresh keys and for replays.
+//! for fresh keys and for replays; and a 1 MiB streamed response through the layer
+//! against the bare handler over loopback (time to first byte, and to the last).
 //!
 //! ```sh
 //! cargo bench --bench server -- --warm-up-time 1 --measurement-time 3
@@ -8,6 +9,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -153,5 +155,96 @@ fn loopback(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fingerprint, in_process, loopback);
+/// The streamed response: 16 chunks of 64 KiB, the handler yielding to the runtime
+/// before each (so the layer must stream it, not read it at once).
+const CHUNKS: usize = 16;
+const CHUNK: usize = 64 * 1024;
+
+fn streamed() -> axum::response::Response {
+    let stream = futures_util::stream::unfold(0, |i| async move {
+        if i == CHUNKS {
+            return None;
+        }
+        tokio::task::yield_now().await;
+        Some((Ok::<_, Infallible>(Bytes::from(vec![b'x'; CHUNK])), i + 1))
+    });
+    axum::response::IntoResponse::into_response((
+        [(CONTENT_TYPE, "application/octet-stream")],
+        axum::body::Body::from_stream(stream),
+    ))
+}
+
+fn streaming(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("runtime: {e}"));
+    // A short retention: the memory store sweeps the 1 MiB records as the bench goes.
+    let engine = Engine::builder(MemoryStore::new())
+        .retention(Duration::from_secs(1))
+        .build();
+    let (bare, guarded) = rt.block_on(async {
+        let route = || axum::routing::post(|| async { streamed() });
+        let bare = axum::Router::new().route("/v1/report", route());
+        let guarded = axum::Router::new()
+            .route("/v1/report", route())
+            .layer(IdempotencyLayer::new(engine));
+        (
+            TestServer::start(bare)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            TestServer::start(guarded)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+    });
+    let client = reqwest::Client::new();
+    let n = AtomicU64::new(0);
+    // Time to the first chunk, or to the end, of `iters` fresh requests.
+    let run = |url: String, keyed: bool, first_only: bool, iters: u64| {
+        let (client, n) = (&client, &n);
+        async move {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                let mut req = client.post(&url);
+                if keyed {
+                    req = req.header(
+                        "idempotency-key",
+                        format!("stream-{}", n.fetch_add(1, Ordering::Relaxed)),
+                    );
+                }
+                let start = Instant::now();
+                let mut resp = req.send().await.unwrap_or_else(|e| panic!("{e}"));
+                let mut got = 0;
+                if let Some(chunk) = resp.chunk().await.unwrap_or_else(|e| panic!("{e}")) {
+                    got += chunk.len();
+                }
+                if first_only {
+                    spent += start.elapsed();
+                }
+                while let Some(chunk) = resp.chunk().await.unwrap_or_else(|e| panic!("{e}")) {
+                    got += chunk.len();
+                }
+                if !first_only {
+                    spent += start.elapsed();
+                }
+                assert_eq!(got, CHUNKS * CHUNK);
+            }
+            spent
+        }
+    };
+
+    let mut g = c.benchmark_group("stream_1MiB_loopback");
+    g.throughput(Throughput::Bytes((CHUNKS * CHUNK) as u64));
+    for (what, first_only) in [("first_byte", true), ("total", false)] {
+        g.bench_function(format!("{what}/bare_handler"), |b| {
+            b.to_async(&rt)
+                .iter_custom(|iters| run(bare.url("/v1/report"), false, first_only, iters))
+        });
+        g.bench_function(format!("{what}/fresh_key"), |b| {
+            b.to_async(&rt)
+                .iter_custom(|iters| run(guarded.url("/v1/report"), true, first_only, iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, fingerprint, in_process, loopback, streaming);
 criterion_main!(benches);

@@ -1,7 +1,9 @@
 //! Sends N charges through the default client stack and prints one JSON line each.
 //!
 //! ```sh
+//! cargo build --examples     # both binaries first, so the server starts at once
 //! cargo run --example charge_server -- --addr 127.0.0.1:3000 &
+//! # wait for its "charge_server listening on http://127.0.0.1:3000" line, then:
 //! cargo run --example charge_client -- --url http://127.0.0.1:3000/v1/charges --count 3
 //! cargo run --example charge_client -- --url URL --count 3 --operation nightly-batch
 //! ```
@@ -12,10 +14,13 @@
 //! charging again.
 //!
 //! Each line: `{"key": "...", "status": 200, "attempts": 1, "replayed": false,
-//! "error": null}`; `status` is null when no response came, `error` is null or a stable
-//! snake_case kind (`key_reused`, `conflict`, `outcome_unknown`, `invalid_key`,
-//! `body_not_replayable`, `unexpected_status` for any other non-2xx answer,
-//! `transport` for an error outside idemkey). Exits 0 when every request succeeded.
+//! "error": null, "message": null}`; `status` is null when no response came, `error` is
+//! null or a stable snake_case kind (`key_reused`, `conflict`, `already_executed`,
+//! `outcome_unknown`, `never_sent` when nothing could be sent (nothing listening, say),
+//! `retry_budget_exhausted`, `invalid_key`, `body_not_replayable`, `unexpected_status`
+//! for any other non-2xx answer, `transport` for an error outside idemkey, such as a URL
+//! without `http://`), and `message` says what happened in words. Exits 0 when every
+//! request succeeded.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -34,6 +39,7 @@ struct Line {
     attempts: u32,
     replayed: bool,
     error: Option<&'static str>,
+    message: Option<String>,
 }
 
 /// JSON on one line with a space after each `:` and `,`, the documented line format.
@@ -70,7 +76,8 @@ struct Args {
 
 const USAGE: &str = "usage: charge_client --url URL [--count N] [--operation NAME]";
 
-fn parse_args() -> Result<Args, String> {
+/// The arguments, or `None` for `--help`.
+fn parse_args() -> Result<Option<Args>, String> {
     let mut url = None;
     let mut count = 1;
     let mut operation = None;
@@ -86,23 +93,44 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| format!("--count {v}: not a number; {USAGE}"))?;
             }
             "--operation" => operation = Some(value()?),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
     }
     let url = url.ok_or(format!("--url is required; {USAGE}"))?;
-    Ok(Args {
+    Ok(Some(Args {
         url,
         count,
         operation,
-    })
+    }))
 }
 
+/// An error and its causes on one line (reqwest's "builder error" alone does not say
+/// that the URL lacks its scheme; its source does).
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+#[allow(
+    clippy::print_stdout,
+    reason = "--help prints its usage on standard output"
+)]
 #[tokio::main]
 async fn main() -> ExitCode {
     telemetry::init_tracing();
     let args = match parse_args() {
-        Ok(args) => args,
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(message) => {
             eprintln!("{message}");
             return ExitCode::from(2);
@@ -127,6 +155,7 @@ async fn main() -> ExitCode {
                     attempts: info.map_or(1, |i| i.attempts()),
                     replayed: info.is_some_and(|i| i.replayed()),
                     error: (!ok).then_some("unexpected_status"),
+                    message: (!ok).then(|| format!("the server answered {}", response.status())),
                 }
             }
             Err(err) => match Error::from_middleware(&err) {
@@ -139,6 +168,7 @@ async fn main() -> ExitCode {
                         .and_then(|r| r.idempotency())
                         .is_some_and(|i| i.replayed()),
                     error: Some(e.kind_str()),
+                    message: Some(e.to_string()),
                 },
                 None => Line {
                     key: None,
@@ -146,6 +176,7 @@ async fn main() -> ExitCode {
                     attempts: 1,
                     replayed: false,
                     error: Some("transport"),
+                    message: Some(chain(&err)),
                 },
             },
         };

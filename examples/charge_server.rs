@@ -2,9 +2,13 @@
 //!
 //! ```sh
 //! cargo run --features metrics --example charge_server -- --addr 127.0.0.1:3000 [--store memory]
-//! cargo run --all-features --example charge_server -- --addr 127.0.0.1:3000 \
+//! cargo run --features redis --example charge_server -- --addr localhost:3000 \
 //!     --store redis://127.0.0.1:6379        # or postgres://..., sqlite://charges.db
 //! ```
+//!
+//! It prints `charge_server listening on http://...` on standard error once it serves;
+//! `RUST_LOG` sets what else it logs (`examples/common/telemetry.rs`; a failing store
+//! shows up there as idemkey's warnings).
 //!
 //! `--store` takes any connection string of `idemkey::store::open`; several servers
 //! given one Redis or PostgreSQL share their records.
@@ -20,7 +24,10 @@
 //!   absent). Body JSON or form-encoded: `amount` (integer), optional `delay_ms` (sleeps
 //!   that long before answering) and `fail` (answers 500 without creating a charge).
 //!   Answers `200 {"id": "ch_<n>", "object": "charge", "amount": ...}`.
-//! - `GET /stats`: `{"executions": n}`, the number of charges created.
+//! - `POST /v1/events?count=N&interval_ms=M` (same verifier): `text/event-stream`, N
+//!   events `data: {"seq": i}` M ms apart, each sent as it is made (the verifier tees
+//!   the stream into its record); a retry gets the whole stream replayed at once.
+//! - `GET /stats`: `{"executions": n}`, the number of charges created (and streams).
 //! - `GET /metrics`: Prometheus text (`examples/common/metrics.rs`): the verifier's
 //!   requests by decision, store latency and errors, with `--features metrics`.
 //!
@@ -34,6 +41,8 @@
 //! curl -si localhost:3000/v1/charges -H 'idempotency-key: k1' -d amount=100  # replayed
 //! curl -si localhost:3000/v1/charges -H 'idempotency-key: k1' -d amount=200  # 422
 //! curl -s localhost:3000/stats                                               # 1
+//! curl -N -X POST 'localhost:3000/v1/events?count=5&interval_ms=500' -H 'idempotency-key: e1'
+//! curl -si -X POST 'localhost:3000/v1/events?count=5&interval_ms=500' -H 'idempotency-key: e1'
 //! ```
 
 use std::net::SocketAddr;
@@ -52,11 +61,12 @@ mod serve;
 mod telemetry;
 use charge_app::ChargeApp;
 
-const USAGE: &str = "usage: charge_server --addr IP:PORT [--store URL]
+const USAGE: &str = "usage: charge_server --addr HOST:PORT [--store URL]
                      [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]
   stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB,
           mysql://USER@HOST:PORT/DB, dynamodb://TABLE?region=REGION
-  (each needs its idemkey feature: sqlite, redis, postgres, mysql, dynamodb; e.g. --all-features)
+  (each needs its feature: cargo run --features redis --example charge_server -- ...;
+   or sqlite, postgres, mysql, dynamodb; --all-features for all)
   timeouts: 10000 ms for a request head, 30000 ms for a body, by default";
 
 /// How long a shutdown waits for outcomes still being recorded after a store outage.
@@ -69,7 +79,8 @@ struct Args {
     body_read_timeout: Duration,
 }
 
-fn parse_args() -> Result<Args, String> {
+/// The arguments, or `None` for `--help`.
+fn parse_args() -> Result<Option<Args>, String> {
     let mut addr = None;
     let mut store = "memory".to_owned();
     let mut header_read_timeout = serve::HEADER_READ_TIMEOUT;
@@ -78,34 +89,36 @@ fn parse_args() -> Result<Args, String> {
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value; {USAGE}"));
         match arg.as_str() {
-            "--addr" => {
-                let v = value()?;
-                addr = Some(
-                    v.parse()
-                        .map_err(|e| format!("--addr {v}: {e}; use IP:PORT"))?,
-                );
-            }
+            "--addr" => addr = Some(serve::listen_addr(&value()?)?),
             "--store" => store = value()?,
             "--header-read-timeout-ms" => header_read_timeout = serve::millis(&arg, &value()?)?,
             "--body-read-timeout-ms" => body_read_timeout = serve::millis(&arg, &value()?)?,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
     }
     let addr = addr.ok_or(format!("--addr is required; {USAGE}"))?;
-    Ok(Args {
+    Ok(Some(Args {
         addr,
         store,
         header_read_timeout,
         body_read_timeout,
-    })
+    }))
 }
 
+#[allow(
+    clippy::print_stdout,
+    reason = "--help prints its usage on standard output"
+)]
 #[tokio::main]
 async fn main() -> ExitCode {
     telemetry::init_tracing();
     let args = match parse_args() {
-        Ok(a) => a,
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
@@ -114,7 +127,7 @@ async fn main() -> ExitCode {
     let store = match idemkey::store::open(&args.store).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("charge_server: {e}");
             return ExitCode::from(2);
         }
     };
@@ -139,6 +152,7 @@ async fn main() -> ExitCode {
         }
     };
     let bound = listener.local_addr().unwrap_or(args.addr);
+    // The line to wait for: requests are served from here on.
     eprintln!(
         "charge_server listening on http://{bound} (store: {})",
         args.store

@@ -3,6 +3,7 @@
 //!
 //! ```sh
 //! cargo run --release --example load -- [--seconds 5] [--rounds 3] [--connections 32] [--threads 2]
+//!     [--delay-ms MS] [--proxy PATH/TO/idemkey]
 //! ```
 //!
 //! It starts a server process of its own (this program with `--serve`) that serves the
@@ -16,17 +17,16 @@
 //! - `replay`: the verifier, one key per connection (the first request runs, every later
 //!   one is a replay).
 //!
+//! - `proxied` (with `--proxy`, the path of a built `idemkey` binary): the bare handler
+//!   behind `idemkey proxy` (memory store, a new key per request), started as a process
+//!   of its own: the proxy's overhead against calling the upstream directly.
+//!
+//! `--delay-ms` makes each charge wait that long before answering (the handler's own
+//! I/O, as an API behind the proxy has).
+//!
 //! It prints requests per second per round and workload, then the ratios against
 //! `bare` of the same rounds (totals over all rounds), for example
 //! `fresh/bare 0.62  replay/bare 0.95`.
-//!
-//! With `--against PATH`, it compares two builds instead: PATH is this program built
-//! another way (for example without idemkey's `metrics` feature), started as a second
-//! server process; each round drives `fresh` and `replay` against both verifiers, in
-//! alternating order, and it prints `fresh this/other` and `replay this/other`. Both
-//! servers install the Prometheus recorder of `examples/common/metrics.rs`, so a build
-//! with `--features metrics` measures idemkey's metrics with a real recorder against
-//! the same program without them (BENCHMARKS.md, "Cost of the metrics").
 #![allow(
     clippy::print_stdout,
     reason = "a command-line program prints its results"
@@ -53,12 +53,10 @@ mod charge_app;
 mod metrics;
 use charge_app::ChargeApp;
 
-const USAGE: &str =
-    "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T] [--against PATH]
-  measures the charge handler bare, behind the verifier with fresh keys, and with replays;
-  with --against, this build's verifier against PATH's (this program built another way)";
-
-const BODY: &[u8] = br#"{"amount":100}"#;
+const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
+            [--delay-ms MS] [--proxy PATH/TO/idemkey]
+  measures the charge handler bare, behind the verifier with fresh keys, and with replays
+  (and behind `idemkey proxy` with --proxy)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -66,7 +64,8 @@ struct Args {
     rounds: u32,
     connections: usize,
     threads: usize,
-    against: Option<std::path::PathBuf>,
+    delay_ms: u64,
+    proxy: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,16 +73,23 @@ enum Workload {
     Bare,
     Fresh,
     Replay,
+    Proxied,
 }
 
 impl Workload {
-    const ALL: [Workload; 3] = [Workload::Bare, Workload::Fresh, Workload::Replay];
+    const ALL: [Workload; 4] = [
+        Workload::Bare,
+        Workload::Fresh,
+        Workload::Replay,
+        Workload::Proxied,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Workload::Bare => "bare",
             Workload::Fresh => "fresh",
             Workload::Replay => "replay",
+            Workload::Proxied => "proxied",
         }
     }
 }
@@ -94,7 +100,8 @@ fn parse_args() -> Result<Option<Args>, String> {
         rounds: 3,
         connections: 32,
         threads: 2,
-        against: None,
+        delay_ms: 0,
+        proxy: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -110,11 +117,9 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--rounds" => args.rounds = u32::try_from(number("--rounds")?).unwrap_or(u32::MAX),
             "--connections" => args.connections = number("--connections")? as usize,
             "--threads" => args.threads = number("--threads")? as usize,
-            "--against" => {
-                let path = it
-                    .next()
-                    .ok_or(format!("--against needs a path; {USAGE}"))?;
-                args.against = Some(path.into());
+            "--delay-ms" => args.delay_ms = number("--delay-ms")?,
+            "--proxy" => {
+                args.proxy = Some(it.next().ok_or(format!("--proxy needs a path; {USAGE}"))?)
             }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
@@ -144,7 +149,7 @@ fn main() -> ExitCode {
         .build();
     match runtime
         .map_err(|e| e.to_string())
-        .and_then(|rt| rt.block_on(drive(args)))
+        .and_then(|rt| rt.block_on(drive(args.clone())))
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -194,10 +199,8 @@ fn serve() -> ExitCode {
     }
 }
 
-/// A server process of `exe --serve`, and its bare and verified addresses.
-async fn start_server(
-    exe: &std::path::Path,
-) -> Result<(tokio::process::Child, SocketAddr, SocketAddr), String> {
+async fn drive(args: Args) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut server = tokio::process::Command::new(exe)
         .arg("--serve")
         .stdout(Stdio::piped())
@@ -221,33 +224,49 @@ async fn start_server(
     };
     let bare = addr_of("BARE").await?;
     let verified = addr_of("VERIFIED").await?;
-    Ok((server, bare, verified))
-}
-
-async fn drive(args: Args) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let (mut server, bare, verified) = start_server(&exe).await?;
-    if let Some(other) = &args.against {
-        let (mut other_server, _, other_verified) = start_server(other).await?;
-        let result = compare(&args, verified, other_verified).await;
-        server.kill().await.map_err(|e| e.to_string())?;
-        other_server.kill().await.map_err(|e| e.to_string())?;
-        return result;
+    let mut proxy = None;
+    if let Some(bin) = &args.proxy {
+        let mut child = tokio::process::Command::new(bin)
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
+            .arg(format!("http://{bare}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {bin} proxy: {e}"))?;
+        let stdout = child.stdout.take().ok_or("the proxy has no stdout")?;
+        let line = BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the proxy exited before it was listening")?;
+        let addr: SocketAddr = line
+            .strip_prefix("listening on http://")
+            .and_then(|a| a.trim().parse().ok())
+            .ok_or(format!("unexpected line from the proxy: {line}"))?;
+        proxy = Some((child, addr));
     }
     let seconds = Duration::from_secs(args.seconds);
     println!(
-        "{} round(s) of {} s per workload, {} connections, {} client threads",
-        args.rounds, args.seconds, args.connections, args.threads
+        "{} round(s) of {} s per workload, {} connections, {} client threads, handler delay {} ms",
+        args.rounds, args.seconds, args.connections, args.threads, args.delay_ms
     );
-    let mut totals = [0u64; 3];
+    let body = Bytes::from(if args.delay_ms == 0 {
+        r#"{"amount":100}"#.to_owned()
+    } else {
+        format!(r#"{{"amount":100,"delay_ms":{}}}"#, args.delay_ms)
+    });
+    let mut totals = [0u64; 4];
     for round in 1..=args.rounds {
         for (i, workload) in Workload::ALL.into_iter().enumerate() {
-            let addr = if workload == Workload::Bare {
-                bare
-            } else {
-                verified
+            let addr = match (workload, &proxy) {
+                (Workload::Bare, _) => bare,
+                (Workload::Proxied, Some((_, addr))) => *addr,
+                (Workload::Proxied, None) => continue,
+                _ => verified,
             };
-            let done = run(workload, addr, args.connections, seconds, round).await?;
+            let done = run(workload, addr, args.connections, seconds, round, &body).await?;
             totals[i] += done;
             println!(
                 "round {round} {:>6}: {:>9.0} req/s",
@@ -258,44 +277,11 @@ async fn drive(args: Args) -> Result<(), String> {
     }
     let ratio = |i: usize| totals[i] as f64 / totals[0].max(1) as f64;
     println!("fresh/bare {:.2}  replay/bare {:.2}", ratio(1), ratio(2));
-    server.kill().await.map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// This build's verifier (`this`) against another build's (`other`): `fresh` and
-/// `replay` on both each round, the order alternating between rounds.
-async fn compare(args: &Args, this: SocketAddr, other: SocketAddr) -> Result<(), String> {
-    let seconds = Duration::from_secs(args.seconds);
-    println!(
-        "{} round(s) of {} s per workload and build, {} connections, {} client threads",
-        args.rounds, args.seconds, args.connections, args.threads
-    );
-    // [workload][build]: requests answered, totals over the rounds.
-    let mut totals = [[0u64; 2]; 2];
-    for round in 1..=args.rounds {
-        let builds = if round % 2 == 1 { [0, 1] } else { [1, 0] };
-        for (w, workload) in [Workload::Fresh, Workload::Replay].into_iter().enumerate() {
-            for build in builds {
-                let addr = [this, other][build];
-                // Keys differ per build, so neither replays the other's.
-                let tag = round * 2 + u32::try_from(build).unwrap_or(0);
-                let done = run(workload, addr, args.connections, seconds, tag).await?;
-                totals[w][build] += done;
-                println!(
-                    "round {round} {:>6} {:>5}: {:>9.0} req/s",
-                    workload.name(),
-                    ["this", "other"][build],
-                    done as f64 / seconds.as_secs_f64()
-                );
-            }
-        }
+    if let Some((mut child, _)) = proxy {
+        println!("proxied/bare {:.2}", ratio(3));
+        child.kill().await.map_err(|e| e.to_string())?;
     }
-    let ratio = |w: usize| totals[w][0] as f64 / totals[w][1].max(1) as f64;
-    println!(
-        "fresh this/other {:.3}  replay this/other {:.3}",
-        ratio(0),
-        ratio(1)
-    );
+    server.kill().await.map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -307,14 +293,15 @@ async fn run(
     connections: usize,
     length: Duration,
     round: u32,
+    body: &Bytes,
 ) -> Result<u64, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(connections);
     for conn in 0..connections {
-        let (stop, done) = (stop.clone(), done.clone());
+        let (stop, done, body) = (stop.clone(), done.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
-            connection(workload, addr, conn, round, &stop, &done).await
+            connection(workload, addr, conn, round, &stop, &done, body).await
         }));
     }
     let started = Instant::now();
@@ -336,6 +323,7 @@ async fn connection(
     round: u32,
     stop: &AtomicBool,
     done: &AtomicU64,
+    body: Bytes,
 ) -> Result<(), String> {
     let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -346,7 +334,7 @@ async fn connection(
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         let key = match workload {
-            Workload::Bare | Workload::Fresh => format!("r{round}-c{conn}-{n}"),
+            Workload::Bare | Workload::Fresh | Workload::Proxied => format!("r{round}-c{conn}-{n}"),
             Workload::Replay => format!("r{round}-c{conn}"),
         };
         let req = Request::builder()
@@ -355,7 +343,7 @@ async fn connection(
             .header(header::HOST, "127.0.0.1")
             .header(header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", key)
-            .body(Full::new(Bytes::from_static(BODY)))
+            .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())?;
         sender.ready().await.map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;

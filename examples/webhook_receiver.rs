@@ -30,9 +30,27 @@
 //! replay of a genuine one: Standard Webhooks (`webhook-signature`, the secret as
 //! `whsec_<base64>`), Stripe (`Stripe-Signature`), GitHub (`X-Hub-Signature-256`), Didit
 //! (`X-Signature` or `X-Signature-V2`, body `timestamp`) and Adyen (each item's
-//! `additionalData.hmacSignature`, the secret as the hex HMAC key). A secret that is not
-//! base64 (Standard Webhooks) or hex (Adyen) is used as raw key bytes there. Timestamps
-//! must be within 5 minutes.
+//! `additionalData.hmacSignature`, the secret as the hex HMAC key). A secret that starts
+//! with `whsec_` must be `whsec_<base64>`, as Standard Webhooks senders show it: a
+//! malformed one stops the receiver at start. Any other secret is used as raw key bytes
+//! for Standard Webhooks, and so is one that is not hex for Adyen. Timestamps must be
+//! within 5 minutes.
+//!
+//! A signed test delivery (Standard Webhooks: the signature is HMAC-SHA256 over
+//! `id.timestamp.body` with the base64-decoded secret, base64 again, after `v1,`):
+//!
+//! ```sh
+//! cargo run --example webhook_receiver -- --addr 127.0.0.1:8080 \
+//!     --secret whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw &
+//! SECRET=MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw ID=msg_test_1 TS=$(date +%s) BODY='{"type":"test"}'
+//! SIG=$(printf '%s' "$ID.$TS.$BODY" | openssl dgst -sha256 -mac HMAC \
+//!     -macopt hexkey:$(printf '%s' "$SECRET" | base64 -d | od -An -tx1 | tr -d ' \n') -binary | base64)
+//! curl -si localhost:8080/webhooks/standard -H "webhook-id: $ID" \
+//!     -H "webhook-timestamp: $TS" -H "webhook-signature: v1,$SIG" -d "$BODY"
+//! ```
+//!
+//! The `curl` is processed (`200`); the same `curl` line again gets the replay
+//! (`Idempotent-Replayed: true`), and `GET /stats` still says `{"processed": 1}`.
 //!
 //! It does not wait forever for a sender: a connection whose request head has not
 //! arrived within `--header-read-timeout-ms` (default 10 000) is closed, and a body
@@ -225,23 +243,23 @@ fn args() -> Result<Args, String> {
     let m = clap::Command::new("webhook_receiver")
         .about("Receives Stripe, GitHub, Standard Webhooks, Didit and Adyen deliveries exactly once")
         .override_usage(
-            "webhook_receiver --addr ADDR [--store URL] [--secret SECRET] [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]",
+            "webhook_receiver --addr HOST:PORT [--store URL] [--secret SECRET] [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]",
         )
         .arg(
             clap::Arg::new("addr")
                 .long("addr")
-                .help("address to listen on, e.g. 127.0.0.1:8080"),
+                .help("address to listen on, e.g. 127.0.0.1:8080 or localhost:8080"),
         )
         .arg(
             clap::Arg::new("store")
                 .long("store")
                 .default_value("memory")
-                .help("store URL: memory, redis://..., postgres://..., sqlite://PATH"),
+                .help("store URL: memory, redis://..., postgres://..., sqlite://PATH (redis, postgres and sqlite need --features redis, postgres, sqlite)"),
         )
         .arg(
             clap::Arg::new("secret")
                 .long("secret")
-                .help("webhook signing secret; signatures are checked only when given"),
+                .help("webhook signing secret (whsec_<base64> for Standard Webhooks); signatures are checked only when given"),
         )
         .arg(
             clap::Arg::new("header-read-timeout-ms")
@@ -261,15 +279,29 @@ fn args() -> Result<Args, String> {
     };
     let addr = get("addr")
         .ok_or("--addr is required: the address to listen on, e.g. --addr 127.0.0.1:8080")?;
+    let secret = get("secret");
+    if let Some(secret) = &secret {
+        check_secret(secret)?;
+    }
     Ok(Args {
-        addr: addr
-            .parse()
-            .map_err(|e| format!("--addr {addr:?} is not an address like 127.0.0.1:8080: {e}"))?,
+        addr: serve::listen_addr(&addr)?,
         store: get("store").unwrap_or_else(|| "memory".into()),
-        secret: get("secret"),
+        secret,
         header_read_timeout: millis("header-read-timeout-ms", serve::HEADER_READ_TIMEOUT)?,
         body_read_timeout: millis("body-read-timeout-ms", serve::BODY_READ_TIMEOUT)?,
     })
+}
+
+/// Refuses a secret no sender issues: an empty one, or a `whsec_` secret whose key is not
+/// base64 (it would otherwise be used as raw bytes, and every genuine delivery refused).
+fn check_secret(secret: &str) -> Result<(), String> {
+    if secret.is_empty() {
+        return Err("--secret is empty: give the signing secret the sender shows".into());
+    }
+    if secret.starts_with("whsec_") {
+        StandardWebhooksVerifier::new(secret).map_err(|e| format!("--secret: {e}"))?;
+    }
+    Ok(())
 }
 
 #[tokio::main]

@@ -371,8 +371,10 @@ async fn outcome_unknown_carries_the_key() {
     );
 }
 
+/// Connection refused on every attempt: nothing was sent anywhere, so the call is
+/// `never_sent` (safe to send again with any key), not `outcome_unknown`.
 #[tokio::test]
-async fn connection_refused_is_retried_then_outcome_unknown() {
+async fn connection_refused_is_retried_then_never_sent() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     drop(listener);
@@ -384,7 +386,10 @@ async fn connection_refused_is_retried_then_outcome_unknown() {
         .await
         .expect_err("nobody listens");
     let err = ours(&err);
-    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(err.is_never_sent(), "{err}");
+    assert!(!err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.kind_str(), "never_sent");
+    assert!(err.to_string().contains("never sent"), "{err}");
     assert_eq!(err.attempts(), 3);
     assert_eq!(err.key().map(IdempotencyKey::as_str), Some("refused-1"));
     assert!(
@@ -822,13 +827,25 @@ async fn malformed_retry_after_is_ignored() {
 /// A server that answers every request with the raw bytes `answer`, then drops the
 /// connection or (`stall`) keeps it open without sending anything more.
 async fn raw_server(answer: &'static [u8], stall: bool) -> String {
+    raw_server_counted(answer, stall).await.0
+}
+
+/// [`raw_server`], and the number of request heads it has read in full.
+async fn raw_server_counted(
+    answer: &'static [u8],
+    stall: bool,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let heads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = heads.clone();
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
+            let heads = counted.clone();
             tokio::spawn(async move {
                 let mut seen = Vec::new();
                 let mut buf = [0u8; 4096];
@@ -838,6 +855,7 @@ async fn raw_server(answer: &'static [u8], stall: bool) -> String {
                     }
                     seen.extend_from_slice(&buf[..n]);
                     if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        heads.fetch_add(1, Ordering::SeqCst);
                         break;
                     }
                 }
@@ -848,7 +866,81 @@ async fn raw_server(answer: &'static [u8], stall: bool) -> String {
             });
         }
     });
-    format!("http://{addr}/charges")
+    (format!("http://{addr}/charges"), heads)
+}
+
+/// A server that reads each request and answers nothing, ever: the default client
+/// still ends the call, at its per-attempt timeouts and then its overall deadline.
+#[tokio::test(start_paused = true)]
+async fn the_default_client_never_hangs_on_a_hung_server() {
+    use idemkey::client::{DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
+    let (url, heads) = raw_server_counted(b"", true).await;
+    let client = ClientBuilder::new(reqwest::Client::new()).build();
+    let started = tokio::time::Instant::now();
+    let err = client
+        .post(url)
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("nothing ever answers");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    // 80 s per attempt: three attempts time out, the fourth (begun at about 240 s) is
+    // ended by the 5-minute deadline.
+    assert_eq!(err.attempts(), 4, "{err}");
+    assert!(err.to_string().contains("deadline"), "{err}");
+    assert_eq!(heads.load(std::sync::atomic::Ordering::SeqCst), 4);
+    let waited = started.elapsed();
+    assert!(
+        waited >= DEFAULT_DEADLINE && waited < DEFAULT_DEADLINE + DEFAULT_ATTEMPT_TIMEOUT,
+        "the paused clock moved {waited:?}"
+    );
+}
+
+/// An attempt that passes its timeout is retried with the same key; both limits are
+/// the caller's to change.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_attempt_is_retried_with_the_same_key() {
+    let (url, heads) = raw_server_counted(b"", true).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(fast(2))
+        .attempt_timeout(Duration::from_secs(10))
+        .deadline(Duration::MAX)
+        .build();
+    let err = client
+        .post(url)
+        .idempotency_key(IdempotencyKey::new("slow-1").expect("valid"))
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("nothing ever answers");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(err.key().map(IdempotencyKey::as_str), Some("slow-1"));
+    assert!(
+        err.to_string().contains("per-attempt timeout of 10s"),
+        "{err}"
+    );
+    assert_eq!(heads.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// A server that reads the request and then closes the connection without a word: the
+/// request reached it, so the outcome is unknown, not "never sent".
+#[tokio::test]
+async fn a_connection_dropped_after_the_request_is_outcome_unknown() {
+    let (url, heads) = raw_server_counted(b"", false).await;
+    let err = client(1)
+        .post(url)
+        .json(&charge())
+        .send()
+        .await
+        .expect_err("the server hangs up");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(!err.is_never_sent(), "{err}");
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(heads.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 /// A 400 problem whose 200-byte body stops after 13 bytes.

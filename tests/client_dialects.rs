@@ -311,7 +311,7 @@ async fn with_a_dead_upstream_1000_calls_make_far_fewer_than_4000_attempts() {
             assert!(err.to_string().contains("retry budget"), "{err}");
             exhausted += 1;
         } else {
-            assert!(err.is_outcome_unknown(), "{err}");
+            assert!(err.is_never_sent(), "{err}");
             unknown += 1;
         }
     }
@@ -330,7 +330,7 @@ async fn with_a_dead_upstream_1000_calls_make_far_fewer_than_4000_attempts() {
         .build();
     for _ in 0..50 {
         let err = client.post(&url).send().await.expect_err("nobody listens");
-        assert!(ours(err).is_outcome_unknown());
+        assert!(ours(err).is_never_sent());
     }
     assert_eq!(attempts.0.load(Ordering::SeqCst), 200);
 }
@@ -431,13 +431,13 @@ async fn followers_get_the_leaders_typed_error_with_the_response() {
 }
 
 #[tokio::test]
-async fn followers_share_an_outcome_unknown_with_its_cause() {
+async fn followers_share_a_never_sent_with_its_cause() {
     let url = dead_upstream();
     let client = client(1);
     let results = same_call_n_times(&client, &url, 4).await;
     for result in results {
         let err = ours(result.expect_err("dead upstream"));
-        assert!(err.is_outcome_unknown(), "{err}");
+        assert!(err.is_never_sent(), "{err}");
         assert_eq!(err.attempts(), 2, "the shared flight's attempts");
         assert!(
             std::error::Error::source(&err).is_some(),

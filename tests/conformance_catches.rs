@@ -43,6 +43,20 @@ enum Defect {
     ListsLiveOnly,
     /// Ignores `limit`.
     ListsUnlimited,
+    /// Refuses a fenced owner's renew but extends the new owner's lease with it.
+    FencedRenewExtends,
+    /// Gives a record to the token of a claim that lost to a live lease (an upsert that
+    /// always writes the token), so the loser's release deletes the owner's claim.
+    LoserTakesToken,
+    /// Cleans up by an address other than the record's hashed id.
+    ForceReleaseByOtherAddress,
+    /// Sweeps from a snapshot of expired claims taken before a pause, writing the
+    /// snapshot back over records completed meanwhile.
+    SweepRestoresSnapshot,
+    /// Keeps completed records forever, ignoring their retention.
+    IgnoresRetention,
+    /// Stores at most 1 MiB of a payload.
+    TruncatesLargePayloads,
 }
 
 /// What the wrapper remembers of a record's last winning claim.
@@ -72,6 +86,7 @@ impl Store for Broken {
                 .unwrap_or_else(Instant::now),
         };
         let id = *req.id;
+        let (token, retention) = (req.token, req.retention);
         match self.defect {
             Defect::DropsAbandoned => req.retention = Duration::ZERO,
             Defect::KeepsAbandoned => req.retention = Duration::MAX,
@@ -80,6 +95,22 @@ impl Store for Broken {
         let claim = self.inner.claim(req).await?;
         if matches!(claim, Claim::Acquired { .. }) {
             self.owners().insert(id, owner);
+        }
+        if let (Defect::LoserTakesToken, Claim::InProgress { fingerprint, .. }) =
+            (self.defect, &claim)
+        {
+            self.inner.force_release(&id).await?;
+            let taken = self
+                .inner
+                .claim(ClaimRequest {
+                    id: &id,
+                    fingerprint,
+                    token,
+                    lease: Duration::from_secs(120),
+                    retention,
+                })
+                .await?;
+            assert!(matches!(taken, Claim::Acquired { .. }), "{taken:?}");
         }
         Ok(match (self.defect, claim) {
             (Defect::DoubleWin, Claim::InProgress { .. }) if n % 100 == 1 => {
@@ -97,6 +128,13 @@ impl Store for Broken {
         retention: Duration,
     ) -> Result<(), StoreError> {
         self.lease_check(id, token)?;
+        let (payload, retention) = match self.defect {
+            Defect::IgnoresRetention => (payload, Duration::MAX),
+            Defect::TruncatesLargePayloads => {
+                (payload.slice(..payload.len().min(1 << 20)), retention)
+            }
+            _ => (payload, retention),
+        };
         let r = self.inner.complete(id, token, payload, retention).await;
         self.silence(r)
     }
@@ -107,6 +145,12 @@ impl Store for Broken {
         lease: Duration,
     ) -> Result<(), StoreError> {
         self.lease_check(id, token)?;
+        if let (Defect::FencedRenewExtends, Some(holder)) = (self.defect, self.owner(id)) {
+            if holder.token != token {
+                let _ = self.inner.renew(id, holder.token, lease).await;
+                return Err(StoreError::fenced());
+            }
+        }
         let r = self.inner.renew(id, token, lease).await;
         if r.is_ok() {
             if let Some(o) = self.owners().get_mut(id) {
@@ -121,6 +165,33 @@ impl Store for Broken {
         self.silence(r)
     }
     async fn sweep(&self) -> Result<u64, StoreError> {
+        if self.defect == Defect::SweepRestoresSnapshot {
+            let now = std::time::SystemTime::now();
+            let expired: Vec<RecordInfo> = self
+                .inner
+                .list_in_progress(usize::MAX)
+                .await?
+                .into_iter()
+                .filter(|r| r.expires <= now)
+                .collect();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            for snapshot in expired {
+                let now = self.inner.inspect(&snapshot.id).await?;
+                if now.is_some_and(|r| r.state == RecordState::Completed) {
+                    self.inner.force_release(&snapshot.id).await?;
+                    let lease = Duration::from_secs(120);
+                    self.inner
+                        .claim(ClaimRequest {
+                            id: &snapshot.id,
+                            fingerprint: &snapshot.fingerprint,
+                            token: FencingToken::random(),
+                            lease,
+                            retention: lease,
+                        })
+                        .await?;
+                }
+            }
+        }
         self.inner.sweep().await
     }
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
@@ -133,6 +204,12 @@ impl Store for Broken {
         Ok(info)
     }
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        if self.defect == Defect::ForceReleaseByOtherAddress {
+            return self
+                .inner
+                .force_release(&RecordId::new("", &id.to_hex()))
+                .await;
+        }
         if self.defect == Defect::ForceReleaseEndsLease {
             if let Some(o) = self.owner(id) {
                 if self.inner.renew(id, o.token, Duration::ZERO).await.is_ok() {
@@ -266,11 +343,70 @@ async fn catches_a_list_that_ignores_its_limit() {
     conformance::list_in_progress_is_oldest_first(&Broken::store(Defect::ListsUnlimited)).await;
 }
 
+#[tokio::test]
+#[should_panic(expected = "the fenced owner's renew extended it")]
+async fn catches_a_fenced_renew_that_extends_the_new_owners_lease() {
+    conformance::renew_of_a_fenced_owner_changes_nothing(&Broken::store(
+        Defect::FencedRenewExtends,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "two claims of a storm")]
+async fn catches_a_claim_storm_with_two_winners() {
+    conformance::claim_storm_over_many_records(&Broken::store(Defect::DoubleWin)).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "it deleted the live claim it does not own")]
+async fn catches_a_rejected_duplicate_that_frees_the_live_claim() {
+    conformance::rejected_duplicate_never_frees_the_live_claim(&Broken::store(
+        Defect::LoserTakesToken,
+    ))
+    .await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "cleanup by the hashed id the store lists must remove the record")]
+async fn catches_cleanup_by_another_address() {
+    conformance::cleanup_addresses_records_by_hashed_id(&Broken::store(
+        Defect::ForceReleaseByOtherAddress,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "a sweep racing the completion undid it")]
+async fn catches_a_sweep_that_undoes_a_racing_completion() {
+    conformance::sweep_racing_completions_keeps_them_settled(&Broken::store(
+        Defect::SweepRestoresSnapshot,
+    ))
+    .await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "had not ended after")]
+async fn catches_a_retention_that_never_ends() {
+    conformance::retention_expiry(&Broken::store(Defect::IgnoresRetention)).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "came back as")]
+async fn catches_a_truncated_large_payload() {
+    conformance::large_payload_round_trips(&Broken::store(Defect::TruncatesLargePayloads)).await;
+}
+
 /// The wrapper without a defect passes every check the defects above fail, so each
 /// catch is the defect's doing.
 #[tokio::test]
 async fn passes_the_unbroken_store() {
     let store = Broken::store(Defect::None);
+    conformance::renew_of_a_fenced_owner_changes_nothing(&store).await;
+    conformance::rejected_duplicate_never_frees_the_live_claim(&store).await;
+    conformance::cleanup_addresses_records_by_hashed_id(&store).await;
+    conformance::retention_expiry(&store).await;
+    conformance::large_payload_round_trips(&store).await;
     conformance::writes_are_fenced_by_token(&store).await;
     conformance::takeover_after_lease_expiry(&store).await;
     conformance::expired_owner_can_still_complete(&store).await;
@@ -282,5 +418,8 @@ async fn passes_the_unbroken_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_unbroken_store_under_concurrency() {
-    conformance::claim_is_atomic(&Broken::store(Defect::None)).await;
+    let store = Broken::store(Defect::None);
+    conformance::claim_is_atomic(&store).await;
+    conformance::claim_storm_over_many_records(&store).await;
+    conformance::sweep_racing_completions_keeps_them_settled(&store).await;
 }

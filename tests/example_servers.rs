@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use support::examples::ExampleServer;
 use support::raw::{Raw, status};
 use support::webhook::{GITHUB_ISSUES, deliver, github_headers};
@@ -201,4 +203,123 @@ async fn the_example_servers_serve_prometheus_metrics_counting_decisions() {
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(sample(&hooks, fresh).await, Some(1.0));
     assert_eq!(sample(&hooks, replay).await, None, "nothing replayed yet");
+}
+
+/// `POST /v1/events` streams its events through the verifier as they are made (the
+/// first arrives while the others are still to come: 60 s apart, a layer that held the
+/// stream back would not answer within the test's bound), and a retry of the whole
+/// stream is its byte-identical replay.
+#[tokio::test]
+async fn the_event_stream_reaches_the_caller_as_it_goes_and_is_replayed() {
+    let server = charge_server();
+    let client = support::verifier::http();
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut slow = client
+        .post(server.url("/v1/events?count=2&interval_ms=60000"))
+        .header("idempotency-key", &key)
+        .send()
+        .await
+        .expect("POST /v1/events");
+    assert_eq!(slow.status(), 200);
+    assert_eq!(slow.headers()["content-type"], "text/event-stream");
+    let first = tokio::time::timeout(Duration::from_secs(20), slow.chunk())
+        .await
+        .expect("the first event comes before the second is made")
+        .expect("a chunk");
+    assert_eq!(first.as_deref(), Some(&b"data: {\"seq\": 0}\n\n"[..]));
+    drop(slow);
+
+    let key = uuid::Uuid::new_v4().to_string();
+    let send = || {
+        client
+            .post(server.url("/v1/events?count=4&interval_ms=5"))
+            .header("idempotency-key", &key)
+            .send()
+    };
+    let first = send().await.expect("first");
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let body = first.bytes().await.expect("the stream");
+    let expected: String = (0..4)
+        .map(|i| format!("data: {{\"seq\": {i}}}\n\n"))
+        .collect();
+    assert_eq!(body, expected);
+    let retry = send().await.expect("retry");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.bytes().await.expect("the replay"), body);
+}
+
+/// What a new user types first: `--help` prints the usage and exits 0, a host name is an
+/// address, a malformed `whsec_` secret stops the receiver at start, and a store whose
+/// feature is missing or whose setup is wrong says so and exits 2.
+#[test]
+fn the_examples_command_lines_say_what_to_do() {
+    use std::process::Command;
+    use support::examples::binary;
+    for name in ["charge_server", "charge_client", "webhook_receiver"] {
+        let out = Command::new(binary(name))
+            .arg("--help")
+            .output()
+            .expect("run");
+        let usage = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} --help: {:?}", out.status);
+        assert!(
+            usage.contains("--"),
+            "{name} --help prints its usage: {usage}"
+        );
+    }
+
+    // `localhost:PORT` is accepted: the server listens on it.
+    let port = support::free_port();
+    let mut server = Command::new(binary("charge_server"))
+        .args(["--addr", &format!("localhost:{port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start charge_server");
+    let listening = (0..400).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(listening, "charge_server --addr localhost:{port} listens");
+
+    let out = Command::new(binary("webhook_receiver"))
+        .args(["--addr", "127.0.0.1:0", "--secret", "whsec_not base64!"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--secret") && err.contains("whsec_"), "{err}");
+
+    // Nothing listening: the client's line says so in words, and that nothing was sent.
+    let out = Command::new(binary("charge_client"))
+        .args([
+            "--url",
+            &format!("http://127.0.0.1:{}/v1/charges", support::free_port()),
+        ])
+        .output()
+        .expect("run");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    let line: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+    assert_eq!(line["error"], "never_sent", "{line}");
+    let message = line["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Connection refused"), "{line}");
+
+    // A Redis database out of range is a setup mistake, named as such.
+    #[cfg(feature = "redis")]
+    {
+        let out = Command::new(binary("charge_server"))
+            .args(["--addr", "127.0.0.1:0", "--store"])
+            .arg(format!("{}/99", support::redis_url().trim_end_matches('/')))
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("misconfigured") && err.contains("database number"),
+            "{err}"
+        );
+    }
 }

@@ -41,6 +41,27 @@ async fn postgres_store_conforms() {
     support::drop_postgres_table(&table).await;
 }
 
+/// With `notify(true)` complete and release are other statements (they `NOTIFY` in
+/// the same statement): the contract holds for them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notifying_postgres_store_conforms() {
+    let table = support::unique("idemkey_test");
+    let url = support::postgres_url();
+    let store = idemkey::store::PostgresStore::builder(&url)
+        .table(&table)
+        .notify(true)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {url} must be reachable: {e}"));
+    store.migrate().await.expect("create the test table");
+    conformance::run(|| {
+        let store = store.clone();
+        async move { store }
+    })
+    .await;
+    support::drop_postgres_table(&table).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_store_conforms() {
     use idemkey::store::SqliteStore;

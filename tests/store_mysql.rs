@@ -177,21 +177,39 @@ async fn concurrent_migrations_and_the_schema_are_idempotent() {
 }
 
 #[tokio::test]
-async fn bad_configuration_and_unreachable_database_are_unavailable() {
+async fn bad_configuration_is_a_configuration_error_and_unreachable_is_unavailable() {
+    use sqlx::ConnectOptions;
+    use std::str::FromStr;
     let err = MySqlStore::builder(support::mysql_url())
         .table("x; DROP TABLE y")
         .connect()
         .await
         .expect_err("invalid table name");
     assert!(
-        err.is_unavailable() && err.to_string().contains("table name"),
+        err.is_configuration() && err.to_string().contains("table name"),
         "{err}"
     );
-    let url = format!("mysql://root@127.0.0.1:{}/test", support::free_port());
+    let no_db = sqlx::mysql::MySqlConnectOptions::from_str(&support::mysql_url())
+        .expect("the shared MariaDB's URL")
+        .database(&support::unique("no_such_db"))
+        .to_url_lossy()
+        .to_string();
+    let err = MySqlStore::connect(no_db)
+        .await
+        .expect_err("unknown database");
+    assert!(err.is_configuration(), "{err}");
+    assert!(err.to_string().contains("no_such_db"), "{err}");
+
+    let port = support::free_port();
+    let url = format!("mysql://root@127.0.0.1:{port}/test");
     let err = MySqlStore::connect(url)
         .await
         .expect_err("nothing listens there");
     assert!(err.is_unavailable(), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -164,24 +164,53 @@ async fn concurrent_migrations_and_the_schema_are_idempotent() {
 }
 
 #[tokio::test]
-async fn bad_configuration_and_unreachable_database_are_unavailable() {
+async fn bad_configuration_is_a_configuration_error_and_unreachable_is_unavailable() {
+    use sqlx::ConnectOptions;
+    use std::str::FromStr;
     let err = PostgresStore::builder(support::postgres_url())
         .table("x; DROP TABLE y")
         .connect()
         .await
         .expect_err("invalid table name");
     assert!(
-        err.is_unavailable() && err.to_string().contains("table name"),
+        err.is_configuration() && err.to_string().contains("table name"),
         "{err}"
     );
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{}/test",
-        support::free_port()
-    );
+
+    // The server answers, and refuses what the URL asks for: fix the URL, not "retry".
+    let shared = sqlx::postgres::PgConnectOptions::from_str(&support::postgres_url())
+        .expect("the shared PostgreSQL's URL");
+    let no_db = shared.clone().database(&support::unique("no_such_db"));
+    let no_role = shared.clone().username(&support::unique("no_such_role"));
+    for (options, says) in [(no_db, "does not exist"), (no_role, "no_such_role")] {
+        let url = options.to_url_lossy().to_string();
+        let err = PostgresStore::connect(url.clone())
+            .await
+            .expect_err("the server refuses");
+        let text = err.to_string();
+        assert!(
+            err.is_configuration() && !err.is_unavailable(),
+            "{url}: {text}"
+        );
+        assert!(
+            text.contains(says) && !text.contains("retry later"),
+            "{text}"
+        );
+        assert!(!text.contains(" at line "), "no driver internals: {text}");
+        let opened = idemkey::store::open(&url).await.err().expect("refused");
+        assert!(opened.is_configuration(), "{opened}");
+    }
+
+    let port = support::free_port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test");
     let err = PostgresStore::connect(url)
         .await
         .expect_err("nothing listens there");
-    assert!(err.is_unavailable(), "{err}");
+    assert!(err.is_unavailable() && !err.is_configuration(), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "names the address tried: {err}"
+    );
 }
 
 #[tokio::test]

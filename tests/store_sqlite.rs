@@ -10,7 +10,7 @@ use idemkey::testing::conformance;
 const LONG: Duration = Duration::from_secs(3600);
 
 /// Claims and completes `id` with `payload`.
-async fn complete(store: &SqliteStore, id: &RecordId, payload: &'static str) {
+async fn complete(store: &dyn Store, id: &RecordId, payload: &'static str) {
     let token = FencingToken::random();
     let claim = store
         .claim(ClaimRequest {
@@ -29,7 +29,7 @@ async fn complete(store: &SqliteStore, id: &RecordId, payload: &'static str) {
         .expect("complete");
 }
 
-async fn expect_completed(store: &SqliteStore, id: &RecordId, payload: &'static str) {
+async fn expect_completed(store: &dyn Store, id: &RecordId, payload: &'static str) {
     let claim = store
         .claim(ClaimRequest {
             id,
@@ -171,8 +171,43 @@ async fn sweep_deletes_expired_rows_and_names_are_checked() {
             .open()
             .await
             .expect_err("invalid table name");
-        assert!(err.is_unavailable(), "{err}");
+        assert!(err.is_configuration(), "{err}");
     }
+}
+
+/// A file in a directory that does not exist is a configuration error that names the
+/// directory, not an outage to retry.
+#[tokio::test]
+async fn a_missing_directory_is_a_configuration_error() {
+    let dir = support::TempDir::new("sqlite-missing-dir");
+    let missing = dir.path().join("no-such-dir");
+    let url = format!("sqlite://{}", missing.join("records.db").display());
+    let err = idemkey::store::open(&url)
+        .await
+        .err()
+        .expect("no directory");
+    assert!(err.is_configuration() && !err.is_unavailable(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("does not exist") && text.contains("no-such-dir"),
+        "{text}"
+    );
+    assert!(!missing.exists(), "nothing was created");
+}
+
+/// `sqlite://:memory:` is one in-memory database shared by every request (it used to be
+/// one empty database per connection: "no such table" on the readers), and passes the
+/// conformance suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_memory_is_one_shared_database() {
+    let store = idemkey::store::open("sqlite://:memory:")
+        .await
+        .expect("opens");
+    let id = RecordId::new("s", "k-memory");
+    complete(&*store, &id, "done").await;
+    // The claim reads before it writes: the reading side sees the table and the record.
+    expect_completed(&*store, &id, "done").await;
+    conformance::run(|| async { SqliteStore::open(":memory:").await.expect("opens") }).await;
 }
 
 /// Opening a file whose table has the schema before contract v2 (no `created`, no

@@ -60,6 +60,11 @@ fn standard_webhooks_and_svix() {
         .identify(&h, body.as_bytes())
         .expect_err("no svix-id");
     assert_eq!(missing.problem_type(), "missing-key");
+    assert!(
+        missing.detail().contains("svix deliveries") && missing.detail().contains("svix-id"),
+        "speaks to the webhook's sender: {}",
+        missing.detail()
+    );
 }
 
 #[test]

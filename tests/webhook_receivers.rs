@@ -287,6 +287,12 @@ async fn route_layer_keeps_unknown_paths_404_and_router_layer_does_not() {
         "axum's `Router::layer` wraps the fallback: {a:?}"
     );
     assert!(a.detail().contains("webhook-id"), "{}", a.detail());
+    // It speaks to a webhook sender, not to an API client choosing keys.
+    assert!(
+        a.detail().contains("standard-webhooks deliveries") && !a.detail().contains("UUID"),
+        "{}",
+        a.detail()
+    );
 }
 
 /// A route like the example's, whose handler waits at the test's gate (when `gated`) and

@@ -7,11 +7,17 @@
 //!   header, unscoped when absent). Body JSON or form-encoded: `amount` (integer),
 //!   optional `delay_ms` (sleeps that long first) and `fail` (answers 500 without
 //!   creating a charge). Answers `200 {"id": "ch_<n>", "object": "charge", "amount": ...}`.
-//! - `GET /stats`: `{"executions": n}`, the number of charges created.
+//! - `POST /v1/events?count=N&interval_ms=M` behind the same verifier: a
+//!   `text/event-stream` of N events `data: {"seq": i}` (i from 0), M ms apart
+//!   (defaults 3 and 100), streamed through the layer as they are made and replayed
+//!   byte for byte to a retry; each stream counts as an execution.
+//! - `GET /stats`: `{"executions": n}`, the number of charges created (and event
+//!   streams started).
 
 use std::time::Duration;
 
-use axum::extract::{FromRequest, Request, State};
+use axum::body::Body;
+use axum::extract::{FromRequest, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -76,19 +82,75 @@ impl ChargeApp {
     pub(crate) fn bare_router(&self) -> Router {
         Router::new()
             .route("/v1/charges", post(create))
+            .route("/v1/events", post(events))
             .route("/stats", get(stats))
             .with_state(self.clone())
     }
 
-    /// The axum router: `POST /v1/charges` behind `layer`, its scope set to the
-    /// `Authorization` header; `GET /stats`.
+    /// The axum router: `POST /v1/charges` and `POST /v1/events` behind `layer`, its
+    /// scope set to the `Authorization` header; `GET /stats`.
     pub(crate) fn router(&self, layer: IdempotencyLayer) -> Router {
         let layer = layer.scope(HeaderScope::new(header::AUTHORIZATION));
         Router::new()
-            .route("/v1/charges", post(create).layer(layer))
+            .route("/v1/charges", post(create).layer(layer.clone()))
+            .route("/v1/events", post(events).layer(layer))
             .route("/stats", get(stats))
             .with_state(self.clone())
     }
+}
+
+/// The query of `POST /v1/events`.
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    #[serde(default = "default_count")]
+    count: u32,
+    #[serde(default = "default_interval_ms")]
+    interval_ms: u64,
+}
+
+fn default_count() -> u32 {
+    3
+}
+
+fn default_interval_ms() -> u64 {
+    100
+}
+
+/// The most events, and the longest pause, one stream may ask for.
+const MAX_EVENTS: u32 = 100_000;
+const MAX_INTERVAL_MS: u64 = 60_000;
+
+/// `count` events `data: {"seq": i}`, `interval_ms` apart, as server-sent events.
+async fn events(State(app): State<ChargeApp>, Query(q): Query<EventsQuery>) -> Response {
+    if q.count > MAX_EVENTS || q.interval_ms > MAX_INTERVAL_MS {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({
+                "error": format!("count is at most {MAX_EVENTS} and interval_ms at most {MAX_INTERVAL_MS}")
+            })),
+        )
+            .into_response();
+    }
+    app.executions.record();
+    let pause = Duration::from_millis(q.interval_ms);
+    let stream = futures_util::stream::unfold(0_u32, move |seq| async move {
+        if seq >= q.count {
+            return None;
+        }
+        if seq > 0 {
+            tokio::time::sleep(pause).await;
+        }
+        let event = format!("data: {{\"seq\": {seq}}}\n\n");
+        Some((Ok::<_, std::convert::Infallible>(event), seq + 1))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 async fn create(State(app): State<ChargeApp>, req: Request) -> Response {

@@ -10,6 +10,7 @@
 //! `408 body-timeout` before any key is claimed.
 
 use std::future::Future;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::pin;
 use std::time::Duration;
 
@@ -76,4 +77,19 @@ pub(crate) fn millis(flag: &str, value: &str) -> Result<Duration, String> {
         .parse::<u64>()
         .map(Duration::from_millis)
         .map_err(|e| format!("{flag} {value:?}: {e}; give whole milliseconds"))
+}
+
+/// The address to listen on, from `--addr`: `IP:PORT` or `HOST:PORT` (`localhost:3000`;
+/// a name resolves to its IPv4 address when it has one, as `localhost` does).
+pub(crate) fn listen_addr(value: &str) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = value
+        .to_socket_addrs()
+        .map_err(|e| format!("--addr {value:?}: {e}; give HOST:PORT, e.g. 127.0.0.1:3000"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("--addr {value:?} resolves to no address"))
 }

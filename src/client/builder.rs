@@ -29,8 +29,12 @@ use super::retry::{RetryBudget, RetryMiddleware};
 /// Defaults: `Idempotency-Key` on POST and PATCH; [`VendorProfile::standard`]; up to 3
 /// retries with exponential backoff (100 ms to 10 s, jittered); the server's hints
 /// (`x-should-retry`, `Stripe-Should-Retry`, `retry-after-ms`, `Retry-After`) honoured,
-/// waits capped at 30 s; no overall deadline; a client-wide [`RetryBudget::standard`];
-/// single flight for caller-chosen keys.
+/// waits capped at 30 s; a per-attempt timeout of 80 s
+/// ([`DEFAULT_ATTEMPT_TIMEOUT`](super::DEFAULT_ATTEMPT_TIMEOUT), the Stripe SDKs'
+/// timeout) and an overall deadline of 5 minutes
+/// ([`DEFAULT_DEADLINE`](super::DEFAULT_DEADLINE)), so a hung server never hangs a call,
+/// even over `reqwest::Client::new()` (which has no timeout); a client-wide
+/// [`RetryBudget::standard`]; single flight for caller-chosen keys.
 ///
 /// ```
 /// use std::time::Duration;
@@ -137,13 +141,37 @@ impl ClientBuilder {
         self
     }
 
-    /// An overall deadline per logical request, all attempts and waits included. When it
+    /// An overall deadline per logical request, all attempts and waits included (5
+    /// minutes by default, [`DEFAULT_DEADLINE`](super::DEFAULT_DEADLINE)). When it
     /// passes, a keyed request fails with
     /// [`Error::is_outcome_unknown`](super::Error::is_outcome_unknown), a request without
     /// a key with a timed-out I/O error. `Duration::MAX` means no deadline.
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.retry = self.retry.deadline(deadline);
+        self
+    }
+
+    /// How long one attempt may wait for the head of its answer (80 s by default,
+    /// [`DEFAULT_ATTEMPT_TIMEOUT`](super::DEFAULT_ATTEMPT_TIMEOUT)). An attempt that
+    /// passes it is abandoned and retried with the same key, within the deadline.
+    /// `Duration::MAX` means none. A shorter `timeout` of your `reqwest::Client` still
+    /// applies, and is what bounds reading a response's body once you have it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemkey::client::ClientBuilder;
+    ///
+    /// // A fast internal API: give up on an attempt after 5 s, on the call after 20 s.
+    /// let client = ClientBuilder::new(reqwest::Client::new())
+    ///     .attempt_timeout(Duration::from_secs(5))
+    ///     .deadline(Duration::from_secs(20))
+    ///     .build();
+    /// # let _ = client;
+    /// ```
+    #[must_use]
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.retry = self.retry.attempt_timeout(timeout);
         self
     }
 

@@ -75,6 +75,17 @@ pub(crate) enum Kind {
         source: Option<Arc<reqwest_middleware::Error>>,
     },
     #[error(
+        "the request with idempotency key {key} was never sent ({cause}): no attempt got as far \
+         as sending a byte of it, so nothing executed; check the URL and that the server is up, \
+         then send it again (with this key or any other)"
+    )]
+    NeverSent {
+        key: IdempotencyKey,
+        cause: String,
+        #[source]
+        source: Option<Arc<reqwest_middleware::Error>>,
+    },
+    #[error(
         "the client's retry budget is used up, so the request with idempotency key {key} was \
          not retried ({cause}); the server may or may not have executed it: retry later with \
          the same key, once the upstream recovers"
@@ -153,11 +164,34 @@ impl Error {
     }
 
     /// No final answer came: transport errors, timeouts, 5xx, 408 or 429 outlasted the
-    /// retries or the deadline. The server may have executed the request; retry later
-    /// with [`Error::key`] to learn the outcome without executing it twice.
+    /// retries or the deadline, and at least one attempt may have reached the server.
+    /// The server may have executed the request; retry later with [`Error::key`] to learn
+    /// the outcome without executing it twice. (When no attempt sent anything, the error
+    /// is [`Error::is_never_sent`] instead.)
     #[must_use]
     pub fn is_outcome_unknown(&self) -> bool {
         matches!(self.0.kind, Kind::OutcomeUnknown { .. })
+    }
+
+    /// Every attempt failed before any byte of the request was sent: the connection was
+    /// refused, the host name did not resolve, the connection (or its TLS handshake)
+    /// could not be set up in time. The request executed nowhere, so sending it again is
+    /// safe with [`Error::key`] or any other key. Unlike [`Error::is_outcome_unknown`],
+    /// which is kept for calls of which at least one attempt may have reached the server.
+    ///
+    /// ```no_run
+    /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
+    /// use idemkey::client::Error;
+    ///
+    /// let err = client.post("http://127.0.0.1:1/charges").send().await.unwrap_err();
+    /// let err = Error::from_middleware(&err).expect("idemkey's error");
+    /// assert!(err.is_never_sent(), "{err}");
+    /// assert_eq!(err.kind_str(), "never_sent");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn is_never_sent(&self) -> bool {
+        matches!(self.0.kind, Kind::NeverSent { .. })
     }
 
     /// The key (from a header or a per-request option) is not 1 to 255 visible ASCII
@@ -183,6 +217,7 @@ impl Error {
             | Kind::Conflict { key, .. }
             | Kind::AlreadyExecuted { key, .. }
             | Kind::OutcomeUnknown { key, .. }
+            | Kind::NeverSent { key, .. }
             | Kind::RetryBudgetExhausted { key, .. }
             | Kind::BodyNotReplayable { key } => Some(key),
             Kind::InvalidKey { .. } => None,
@@ -196,7 +231,8 @@ impl Error {
     }
 
     /// A stable snake_case name of the kind: `key_reused`, `conflict`,
-    /// `already_executed`, `outcome_unknown`, `retry_budget_exhausted`, `invalid_key` or
+    /// `already_executed`, `outcome_unknown`, `never_sent`, `retry_budget_exhausted`,
+    /// `invalid_key` or
     /// `body_not_replayable`.
     #[must_use]
     pub fn kind_str(&self) -> &'static str {
@@ -205,6 +241,7 @@ impl Error {
             Kind::Conflict { .. } => "conflict",
             Kind::AlreadyExecuted { .. } => "already_executed",
             Kind::OutcomeUnknown { .. } => "outcome_unknown",
+            Kind::NeverSent { .. } => "never_sent",
             Kind::RetryBudgetExhausted { .. } => "retry_budget_exhausted",
             Kind::InvalidKey { .. } => "invalid_key",
             Kind::BodyNotReplayable { .. } => "body_not_replayable",

@@ -9,7 +9,8 @@
 //!   423 (an earlier request with the key is still running) **with the same key**, with
 //!   exponential backoff and jitter, honouring the server's hints (`x-should-retry`,
 //!   `Stripe-Should-Retry`, `retry-after-ms`, `Retry-After` in seconds or as an HTTP
-//!   date; capped) within an optional overall deadline and a client-wide
+//!   date; capped) within a per-attempt timeout ([`DEFAULT_ATTEMPT_TIMEOUT`], 80 s), an
+//!   overall deadline ([`DEFAULT_DEADLINE`], 5 minutes) and a client-wide
 //!   [`RetryBudget`]; 400 and 422 are never retried, and a POST or PATCH without a key is
 //!   never retried;
 //! - speaks the vendor's dialect ([`VendorProfile`]: Stripe, Adyen, PayPal, Square,
@@ -22,8 +23,9 @@
 //!   server replayed a stored response ([`ResponseExt::idempotency`]);
 //! - turns the cases you must handle into a typed [`Error`]: key reused with a different
 //!   payload, conflict that outlasted the retries, already executed, outcome unknown
-//!   (with the key, so you can retry later), retry budget exhausted, invalid key, body
-//!   that cannot be replayed.
+//!   (with the key, so you can retry later), never sent (every attempt failed to
+//!   connect: nothing executed), retry budget exhausted, invalid key, body that cannot
+//!   be replayed.
 //!
 //! # Quick start
 //!
@@ -92,7 +94,9 @@
 //! a reused key ([`Error::is_key_reused`]: the `key-reused` problem or the profile's
 //! equivalent), already executed ([`Error::is_already_executed`]), 5xx/408/429 that
 //! outlasted the retries ([`Error::is_outcome_unknown`]) or the retry budget
-//! ([`Error::is_retry_budget_exhausted`]). Other statuses (404, 401, a validation 422,
+//! ([`Error::is_retry_budget_exhausted`]). Transport errors that outlasted the retries
+//! are [`Error::is_outcome_unknown`] too, unless no attempt got as far as sending the
+//! request ([`Error::is_never_sent`]: connection refused, unknown host). Other statuses (404, 401, a validation 422,
 //! ...) come back as ordinary responses.
 
 mod buffered;
@@ -115,5 +119,6 @@ pub use profile::{AnswerMatch, KeyPlacement, VendorProfile};
 pub use request::{Attempt, RequestBuilderExt};
 pub use response::{IdempotencyInfo, ResponseExt};
 pub use retry::{
-    DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy, RetryBudget, RetryMiddleware, default_policy,
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_RETRY_AFTER_CAP, IdempotentRetryStrategy,
+    RetryBudget, RetryMiddleware, default_policy,
 };

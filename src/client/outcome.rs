@@ -78,12 +78,14 @@ pub(crate) async fn classify_with_body(
     })
 }
 
-/// Turns the loop's last answer into the caller's result.
+/// Turns the loop's last answer into the caller's result. `sent` is whether any
+/// attempt may have sent a byte of the request ([`never_left`] says no for each).
 pub(crate) fn finish(
     key: Option<IdempotencyKey>,
     attempts: u32,
     last: Last,
     deadline: Option<Duration>,
+    sent: bool,
 ) -> reqwest_middleware::Result<Response> {
     let deadline_cause = || {
         format!(
@@ -124,6 +126,26 @@ pub(crate) fn finish(
         Last::Answer(Err(err), _) => {
             if Error::from_middleware(&err).is_some() {
                 return Err(err);
+            }
+            if !sent {
+                let cause = if attempts > 1 {
+                    format!(
+                        "each of {attempts} attempts failed to connect; the last: {}",
+                        error_chain(&err)
+                    )
+                } else {
+                    format!("the attempt failed to connect: {}", error_chain(&err))
+                };
+                return Err(Error::new(
+                    Kind::NeverSent {
+                        key,
+                        cause,
+                        source: Some(Arc::new(err)),
+                    },
+                    attempts,
+                    None,
+                )
+                .into());
             }
             Kind::OutcomeUnknown {
                 key,
@@ -166,4 +188,25 @@ pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
         source = e.source();
     }
     text
+}
+
+/// Whether `result` is an attempt that failed before any byte of its request went out:
+/// reqwest could not connect (refused, unresolvable host, a connect or TLS handshake
+/// that failed or timed out). A connection taken from the pool that breaks is not one:
+/// the request may have been written to it.
+pub(crate) fn never_left(result: &reqwest_middleware::Result<Response>) -> bool {
+    let err: &(dyn StdError + 'static) = match result {
+        Ok(_) => return false,
+        Err(reqwest_middleware::Error::Reqwest(e)) => return e.is_connect(),
+        Err(reqwest_middleware::Error::Middleware(e)) => e.as_ref(),
+    };
+    // An inner middleware's error that wraps reqwest's connect error.
+    let mut source = Some(err);
+    while let Some(e) = source {
+        if let Some(e) = e.downcast_ref::<reqwest::Error>() {
+            return e.is_connect();
+        }
+        source = e.source();
+    }
+    false
 }

@@ -1,14 +1,14 @@
 //! The bodies of the layer: the types it hands to the inner service and back to the
-//! caller, and how it collects them (a request body up to its limit, a response body up
-//! to the storage limit).
+//! caller, and how it collects a request body up to its limit (a response body is
+//! streamed and copied by the layer's tee).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::header;
+use bytes::Bytes;
 use http::request::Parts;
+use http::{HeaderMap, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -16,15 +16,19 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 /// The error type of boxed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The response body of the idempotency layer: buffered bytes (a replay, a problem, a
-/// response that was stored) or the inner service's body passed through (a route where
-/// keys are off, or a response too large to store whose first bytes were buffered).
+/// The response body of the idempotency layer: buffered bytes and trailers (a replay, a
+/// problem, a response the handler gave at once), or the inner service's body streamed
+/// through (a route where keys are off, or a response that is still being produced,
+/// copied to the record as it goes).
 pub struct ResponseBody {
     kind: RespKind,
 }
 
 enum RespKind {
-    Full(Option<Bytes>),
+    Full {
+        data: Option<Bytes>,
+        trailers: Option<HeaderMap>,
+    },
     Stream {
         prefix: Option<Bytes>,
         rest: UnsyncBoxBody<Bytes, BoxError>,
@@ -35,8 +39,16 @@ impl ResponseBody {
     /// A body of these bytes.
     #[must_use]
     pub fn full(bytes: Bytes) -> Self {
+        Self::full_with_trailers(bytes, None)
+    }
+
+    /// A body of these bytes, then these trailers.
+    pub(crate) fn full_with_trailers(bytes: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
-            kind: RespKind::Full((!bytes.is_empty()).then_some(bytes)),
+            kind: RespKind::Full {
+                data: (!bytes.is_empty()).then_some(bytes),
+                trailers,
+            },
         }
     }
 
@@ -73,9 +85,10 @@ impl Default for ResponseBody {
 impl std::fmt::Debug for ResponseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            RespKind::Full(b) => f
-                .debug_tuple("ResponseBody::Full")
-                .field(&b.as_ref().map_or(0, Bytes::len))
+            RespKind::Full { data, trailers } => f
+                .debug_struct("ResponseBody::Full")
+                .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .field("trailers", &trailers.is_some())
                 .finish(),
             RespKind::Stream { .. } => f.write_str("ResponseBody::Stream"),
         }
@@ -91,7 +104,10 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.get_mut().kind {
-            RespKind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            RespKind::Full { data, trailers } => Poll::Ready(match data.take() {
+                Some(b) => Some(Ok(Frame::data(b))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+            }),
             RespKind::Stream { prefix, rest } => match prefix.take() {
                 Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
                 None => Pin::new(rest).poll_frame(cx),
@@ -101,26 +117,32 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            RespKind::Full(b) => b.is_none(),
+            RespKind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             RespKind::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            RespKind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            RespKind::Stream { prefix, rest } => {
-                let p = prefix.as_ref().map_or(0, |b| b.len() as u64);
-                let r = rest.size_hint();
-                let mut h = SizeHint::new();
-                h.set_lower(r.lower().saturating_add(p));
-                if let Some(u) = r.upper() {
-                    h.set_upper(u.saturating_add(p));
-                }
-                h
+            RespKind::Full { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |b| b.len() as u64))
             }
+            RespKind::Stream { prefix, rest } => plus(
+                rest.size_hint(),
+                prefix.as_ref().map_or(0, |b| b.len() as u64),
+            ),
         }
     }
+}
+
+/// `hint` with `bytes` more (a prefix sent before the body it hints at).
+pub(crate) fn plus(hint: SizeHint, bytes: u64) -> SizeHint {
+    let mut h = SizeHint::new();
+    h.set_lower(hint.lower().saturating_add(bytes));
+    if let Some(u) = hint.upper() {
+        h.set_upper(u.saturating_add(bytes));
+    }
+    h
 }
 
 /// The request body the layer hands to the inner service: the buffered bytes it
@@ -239,93 +261,5 @@ where
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(ReadError::TooLarge),
         Err(e) => Err(ReadError::Failed(e)),
-    }
-}
-
-/// A response body read up to the storage limit.
-pub(crate) enum Collected<B> {
-    /// All of it.
-    Full(Bytes),
-    /// Over the limit: what was read, and the rest, unread.
-    TooLarge(Bytes, B),
-    /// The body failed.
-    Failed(BoxError),
-}
-
-/// Reads `body` up to `limit` bytes; beyond, hands back what was read and the rest.
-pub(crate) async fn read_limited<B>(mut body: B, limit: usize) -> Collected<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let mut buf = BytesMut::new();
-    let mut single: Option<Bytes> = None;
-    loop {
-        match body.frame().await {
-            None => {
-                return Collected::Full(match single {
-                    Some(b) if buf.is_empty() => b,
-                    _ => buf.freeze(),
-                });
-            }
-            Some(Err(e)) => return Collected::Failed(e.into()),
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers are not stored
-                };
-                let held = single.as_ref().map_or(0, Bytes::len) + buf.len();
-                if held + data.len() > limit {
-                    if let Some(s) = single.take() {
-                        buf.extend_from_slice(&s);
-                    }
-                    buf.extend_from_slice(&data);
-                    return Collected::TooLarge(buf.freeze(), body);
-                }
-                // The common case, one data frame, is kept without copying.
-                match single.take() {
-                    None if buf.is_empty() => single = Some(data),
-                    prev => {
-                        if let Some(p) = prev {
-                            buf.extend_from_slice(&p);
-                        }
-                        buf.extend_from_slice(&data);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http_body_util::StreamBody;
-
-    fn frames(parts: &[&'static [u8]]) -> impl Body<Data = Bytes, Error = std::io::Error> + Unpin {
-        let v: Vec<_> = parts
-            .iter()
-            .map(|p| Ok(http_body::Frame::data(Bytes::from_static(p))))
-            .collect();
-        StreamBody::new(futures_util::stream::iter(v))
-    }
-
-    #[tokio::test]
-    async fn bodies_within_the_limit_are_buffered_whole() {
-        match read_limited(frames(&[b"ab", b"cd", b"e"]), 5).await {
-            Collected::Full(b) => assert_eq!(b, "abcde"),
-            _ => panic!("fits"),
-        }
-    }
-
-    #[tokio::test]
-    async fn larger_bodies_hand_back_what_was_read_and_the_rest() {
-        match read_limited(frames(&[b"ab", b"cd", b"ef", b"gh"]), 5).await {
-            Collected::TooLarge(prefix, rest) => {
-                assert_eq!(prefix, "abcdef");
-                let tail = rest.collect().await.map(|c| c.to_bytes());
-                assert_eq!(tail.ok(), Some(Bytes::from_static(b"gh")));
-            }
-            _ => panic!("too large"),
-        }
     }
 }

@@ -400,7 +400,100 @@ impl Engine {
     ) -> Result<Claimed, ClaimError> {
         let id = RecordId::new(scope, key.as_str());
         super::telemetry::record_id(&id);
-        let fingerprint = fingerprint.as_bytes();
+        let claimed = self.claim_id(id, fingerprint.as_bytes()).await.map(|c| c.0);
+        Decision::of(&claimed).record();
+        claimed
+    }
+
+    /// Claims like [`Engine::claim`], but a duplicate of a running request (same
+    /// fingerprint) waits up to `up_to` for that request's outcome instead of getting
+    /// [`Claimed::InProgress`] at once: the replay when it completes, the key itself
+    /// ([`Claimed::Execute`]) when it is released, and [`Claimed::InProgress`] only once
+    /// `up_to` passed. A key held by a request with another fingerprint is
+    /// [`Claimed::KeyReused`] at once, without waiting.
+    ///
+    /// The duplicate waits on the store's [`Watch`](crate::store::Watch) of the record
+    /// ([`Store::watch`]): woken at once by a store that notifies (memory, Redis,
+    /// PostgreSQL with `notify(true)`), polling otherwise; it looks again at the latest
+    /// when the owner's lease ends, so that an owner that crashed is taken over as by
+    /// any claim.
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::{Claimed, Engine};
+    /// use idemkey::store::MemoryStore;
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let (key, fp) = (IdempotencyKey::new("order-9")?, Fingerprint::of_bytes(b"ship 9"));
+    /// let Claimed::Execute(first) = engine.claim("", &key, &fp).await? else { unreachable!() };
+    /// let waiter = tokio::spawn({
+    ///     let (engine, key, fp) = (engine.clone(), key.clone(), fp.clone());
+    ///     async move { engine.claim_or_wait("", &key, &fp, Duration::from_secs(30)).await }
+    /// });
+    /// tokio::task::yield_now().await; // the duplicate is waiting now
+    /// first.complete("shipped".into()).await?;
+    /// assert!(matches!(waiter.await??, Claimed::Replay(p) if p == "shipped"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Engine::claim`].
+    pub async fn claim_or_wait(
+        &self,
+        scope: &str,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        up_to: Duration,
+    ) -> Result<Claimed, ClaimError> {
+        let id = RecordId::new(scope, key.as_str());
+        super::telemetry::record_id(&id);
+        let claimed = self.wait_for_claim(id, fingerprint.as_bytes(), up_to).await;
+        Decision::of(&claimed).record();
+        claimed
+    }
+
+    /// [`Engine::claim_or_wait`] of a record id.
+    async fn wait_for_claim(
+        &self,
+        id: RecordId,
+        fingerprint: &[u8],
+        up_to: Duration,
+    ) -> Result<Claimed, ClaimError> {
+        let (first, _) = self.claim_id(id, fingerprint).await?;
+        if !matches!(first, Claimed::InProgress { .. }) || up_to.is_zero() {
+            return Ok(first);
+        }
+        let start = tokio::time::Instant::now();
+        let mut watch = match self.cfg.store.watch(&id).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(record = %id, error = %e, "cannot watch the record; polling");
+                Box::new(crate::store::PollingWatch::default())
+            }
+        };
+        loop {
+            // Looked at after the watch was made: a settling from now on wakes it.
+            let (claimed, lease_remaining) = self.claim_id(id, fingerprint).await?;
+            if !matches!(claimed, Claimed::InProgress { .. }) {
+                return Ok(claimed);
+            }
+            let Some(left) = up_to.checked_sub(start.elapsed()).filter(|d| !d.is_zero()) else {
+                return Ok(claimed);
+            };
+            // A crashed owner settles nothing: look again when its lease ends.
+            let lease_end = lease_remaining.unwrap_or(left) + Duration::from_millis(1);
+            watch.settled(left.min(lease_end)).await;
+        }
+    }
+
+    /// [`Engine::claim`] of a record id, with the owner's remaining lease when the key
+    /// is in progress.
+    async fn claim_id(
+        &self,
+        id: RecordId,
+        fingerprint: &[u8],
+    ) -> Result<(Claimed, Option<Duration>), ClaimError> {
         let token = FencingToken::random();
         let claim = self
             .cfg
@@ -413,16 +506,12 @@ impl Engine {
                 retention: self.cfg.retention,
             })
             .await;
-        let (decision, claimed) = match claim {
+        let mut remaining = None;
+        let claimed = match claim {
             Ok(Claim::Acquired { takeover }) => {
                 if takeover {
                     tracing::info!(record = %id, "took over a key whose owner's lease expired");
                 }
-                let decision = if takeover {
-                    Decision::Takeover
-                } else {
-                    Decision::Fresh
-                };
                 let exec = Execution::new(
                     Arc::clone(&self.cfg.store),
                     Lease {
@@ -435,38 +524,34 @@ impl Engine {
                     self.cfg.retention,
                     Arc::clone(&self.cfg.recordings),
                 );
-                (decision, Claimed::Execute(exec))
+                Claimed::Execute(exec)
             }
             Ok(Claim::InProgress {
                 fingerprint: held,
                 lease_remaining,
-            }) if held == fingerprint => (
-                Decision::Conflict,
+            }) if held == fingerprint => {
+                remaining = Some(lease_remaining);
                 Claimed::InProgress {
                     retry_after: lease_remaining.min(self.cfg.in_progress_retry_after),
-                },
-            ),
+                }
+            }
             Ok(Claim::Completed {
                 fingerprint: held,
                 payload,
-            }) if held == fingerprint => (Decision::Replay, Claimed::Replay(payload)),
-            Ok(Claim::InProgress { .. } | Claim::Completed { .. }) => {
-                (Decision::Mismatch, Claimed::KeyReused)
-            }
+            }) if held == fingerprint => Claimed::Replay(payload),
+            Ok(Claim::InProgress { .. } | Claim::Completed { .. }) => Claimed::KeyReused,
             Err(e) if self.cfg.fail_open => {
                 tracing::warn!(error = %e, "idempotency store failed; running unguarded (fail-open)");
-                (Decision::FailOpen, Claimed::Unguarded)
+                Claimed::Unguarded
             }
             Err(e) => {
                 tracing::warn!(error = %e, "idempotency store failed; nothing runs (fail-closed)");
-                Decision::StoreUnavailable.record();
                 return Err(ClaimError {
                     source: e,
                     retry_after: self.cfg.unavailable_retry_after,
                 });
             }
         };
-        decision.record();
-        Ok(claimed)
+        Ok((claimed, remaining))
     }
 }

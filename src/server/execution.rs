@@ -137,24 +137,7 @@ impl Execution {
             return out;
         }
         if !self.lost {
-            let store = Arc::clone(&self.store);
-            let (id, token) = (self.id, self.token);
-            let (lease, every) = (self.lease.length, self.lease.renew_every);
-            let renew = async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    match store.renew(&id, token, lease).await {
-                        Ok(()) => {}
-                        Err(e) if e.is_fenced() => {
-                            tracing::warn!(record = %id, "lease lost while running: another request took the key over");
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(record = %id, error = %e, "lease renewal failed; will retry")
-                        }
-                    }
-                }
-            };
+            let renew = self.renewals();
             tokio::select! {
                 biased;
                 out = &mut fut => return out,
@@ -162,6 +145,37 @@ impl Execution {
             }
         }
         fut.await
+    }
+
+    /// Renews the lease every third of it until the key is found taken over (then it
+    /// returns) or the future is dropped.
+    fn renewals(&self) -> impl Future<Output = ()> + Send + 'static {
+        let store = Arc::clone(&self.store);
+        let (id, token) = (self.id, self.token);
+        let (lease, every) = (self.lease.length, self.lease.renew_every);
+        async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match store.renew(&id, token, lease).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_fenced() => {
+                        tracing::warn!(record = %id, "lease lost while running: another request took the key over");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(record = %id, error = %e, "lease renewal failed; will retry")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews the lease in a spawned task until the returned guard is dropped: for an
+    /// operation that goes on outside [`Execution::run`] (a response body the layer
+    /// streams to its caller). `None` without a runtime.
+    pub(crate) fn renew_in_background(&self) -> Option<RenewGuard> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        Some(RenewGuard(rt.spawn(self.renewals())))
     }
 
     /// Completes the key with `payload`, kept for the retention period and handed to
@@ -283,6 +297,15 @@ fn ended(result: Result<&'static str, &StoreError>) {
         Err(e) if e.is_fenced() => "fenced",
         Err(_) => "failed",
     });
+}
+
+/// Renews a lease in the background while it lives ([`Execution::renew_in_background`]).
+pub(crate) struct RenewGuard(JoinHandle<()>);
+
+impl Drop for RenewGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// How [`Execution::complete_or_defer`] went.

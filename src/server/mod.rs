@@ -80,6 +80,8 @@
 //! [`webhook`] keys the verifier by a provider's event id instead of a header: presets
 //! for Stripe, GitHub, Standard Webhooks and others, batches, and Standard Webhooks
 //! signatures.
+//!
+#![doc = include_str!("queues.md")]
 
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
@@ -89,7 +91,7 @@ mod engine;
 mod execution;
 mod extract;
 mod layer;
-mod once;
+pub(crate) mod once;
 mod policy;
 pub(crate) mod record;
 mod rejection;
@@ -111,5 +113,5 @@ pub use layer::{
     KeyRequirement, ResponseFuture,
 };
 pub use once::{OnceError, Settled};
-pub use policy::{Outcome, OutcomePolicy};
+pub use policy::{InProgressPolicy, Outcome, OutcomePolicy};
 pub use rejection::Rejection;

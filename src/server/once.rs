@@ -19,8 +19,8 @@ use crate::protocol::retry_after::whole_seconds;
 /// replayed from the store rather than computed now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled<T> {
-    value: T,
-    replayed: bool,
+    pub(crate) value: T,
+    pub(crate) replayed: bool,
 }
 
 impl<T> Settled<T> {
@@ -47,9 +47,15 @@ pub struct OnceError<E> {
 }
 
 enum Kind<E> {
-    InProgress { retry_after: Duration },
+    InProgress {
+        retry_after: Duration,
+    },
     KeyReused,
     Unavailable(ClaimError),
+    /// The transactional inbox's own statements failed (its transaction is the
+    /// caller's, so there is no engine advice to retry).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    Store(crate::store::StoreError),
     Failed(E),
     Encode(serde_json::Error),
     Decode(String),
@@ -58,6 +64,37 @@ enum Kind<E> {
 impl<E> OnceError<E> {
     fn new(kind: Kind<E>) -> Self {
         Self { kind }
+    }
+
+    /// The transactional inbox found the key held by a running [`Engine::once`] or
+    /// layer request (with the same fingerprint).
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn in_progress(retry_after: Duration) -> Self {
+        Self::new(Kind::InProgress { retry_after })
+    }
+
+    /// The key was used with another fingerprint.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn key_reused() -> Self {
+        Self::new(Kind::KeyReused)
+    }
+
+    /// The transactional inbox's statements failed.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn store(e: crate::store::StoreError) -> Self {
+        Self::new(Kind::Store(e))
+    }
+
+    /// The closure failed.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn failed(e: E) -> Self {
+        Self::new(Kind::Failed(e))
+    }
+
+    /// The closure's value could not be serialised.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn encode(e: serde_json::Error) -> Self {
+        Self::new(Kind::Encode(e))
     }
 
     /// Another run with this key is in progress: retry after [`OnceError::retry_after`]
@@ -71,9 +108,10 @@ impl<E> OnceError<E> {
         matches!(self.kind, Kind::KeyReused)
     }
 
-    /// The store failed; nothing ran. Retry later.
+    /// The store failed; nothing ran (with the transactional inbox: nothing of the
+    /// claim or the effect stays in the transaction). Retry later.
     pub fn is_store_unavailable(&self) -> bool {
-        matches!(self.kind, Kind::Unavailable(_))
+        matches!(self.kind, Kind::Unavailable(_) | Kind::Store(_))
     }
 
     /// The closure ran and failed; the key was released, so a retry runs it again.
@@ -100,6 +138,7 @@ impl<E> OnceError<E> {
         let advised = match &self.kind {
             Kind::InProgress { retry_after } => *retry_after,
             Kind::Unavailable(e) => e.retry_after(),
+            Kind::Store(_) => Duration::from_secs(1),
             _ => return None,
         };
         Some(Duration::from_secs(whole_seconds(advised)))
@@ -132,6 +171,7 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
                 "this key was already used with a different fingerprint (another operation); use a new key for a new operation",
             ),
             Kind::Unavailable(e) => write!(f, "{e}"),
+            Kind::Store(e) => write!(f, "{e}"),
             Kind::Failed(e) => write!(
                 f,
                 "the operation failed (its key was released, a retry runs it again): {e}"
@@ -157,6 +197,7 @@ impl<E: fmt::Debug> fmt::Debug for OnceError<E> {
                 .finish(),
             Kind::KeyReused => f.write_str("OnceError::KeyReused"),
             Kind::Unavailable(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
+            Kind::Store(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
             Kind::Failed(e) => f.debug_tuple("OnceError::Failed").field(e).finish(),
             Kind::Encode(e) => f.debug_tuple("OnceError::Encode").field(e).finish(),
             Kind::Decode(e) => f.debug_tuple("OnceError::Decode").field(e).finish(),
@@ -171,6 +212,7 @@ where
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             Kind::Unavailable(e) => Some(e),
+            Kind::Store(e) => Some(e),
             Kind::Failed(e) => Some(e),
             Kind::Encode(e) => Some(e),
             Kind::InProgress { .. } | Kind::KeyReused | Kind::Decode(_) => None,
@@ -282,7 +324,7 @@ impl Engine {
     }
 }
 
-fn decode<T: DeserializeOwned, E>(payload: Bytes) -> Result<T, OnceError<E>> {
+pub(crate) fn decode<T: DeserializeOwned, E>(payload: Bytes) -> Result<T, OnceError<E>> {
     let err = |m: String| OnceError::new(Kind::Decode(m));
     match Record::decode(payload).map_err(err)? {
         Record::Value(json) => serde_json::from_slice(&json).map_err(|e| err(e.to_string())),

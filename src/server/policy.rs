@@ -1,6 +1,8 @@
 //! The outcome policy: which handler responses are kept and replayed, and which release
 //! the key so that a retry executes again.
 
+use std::time::Duration;
+
 use http::StatusCode;
 
 use crate::protocol::status::{is_refused_as_sent, is_transient};
@@ -144,4 +146,36 @@ impl std::fmt::Debug for OutcomePolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("OutcomePolicy(..)")
     }
+}
+
+/// What the layer does with a duplicate that arrives while the first request with its
+/// key (and fingerprint) still runs.
+///
+/// - [`InProgressPolicy::Reject`], the default: `409 in-progress` at once, with
+///   `Retry-After`, as the IETF draft says; the client retries.
+/// - [`InProgressPolicy::Wait`]: the duplicate waits up to the given time for the first
+///   request's answer and gets its replay (or runs itself, if the first request
+///   released the key); past that, `409` with `Retry-After`. This spares the client a
+///   retry and the server a second round trip, at the cost of a connection held while
+///   it waits. The store wakes waiters when it can notify (memory, Redis pub/sub,
+///   PostgreSQL `LISTEN`/`NOTIFY` with `notify(true)`) and they poll otherwise (see
+///   [`Store::watch`](crate::store::Store::watch)). A duplicate with another
+///   fingerprint is still rejected at once (`422 key-reused`).
+///
+/// ```
+/// use idemkey::server::{Engine, IdempotencyLayer, InProgressPolicy};
+/// use idemkey::store::MemoryStore;
+/// use std::time::Duration;
+/// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+///     .in_progress(InProgressPolicy::Wait(Duration::from_secs(10)));
+/// # let _ = layer;
+/// assert_eq!(InProgressPolicy::default(), InProgressPolicy::Reject);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InProgressPolicy {
+    /// `409 in-progress` at once (the default).
+    #[default]
+    Reject,
+    /// Wait up to this long for the first request's outcome, then `409 in-progress`.
+    Wait(Duration),
 }

@@ -65,6 +65,30 @@ impl Rejection {
         )
     }
 
+    /// 400 `missing-key` for a webhook route: the delivery lacks the id by which the
+    /// route tells deliveries of `sender` (a preset's name) apart, at `source`. Speaks
+    /// to the sender: its deliveries carry that id, so a delivery without it is not one
+    /// of its deliveries, or lost the id on the way.
+    ///
+    /// ```
+    /// use idemkey::server::Rejection;
+    /// let r = Rejection::missing_delivery_id("github", "the `X-GitHub-Delivery` header");
+    /// assert_eq!(r.status(), 400);
+    /// assert!(r.detail().contains("github deliveries"));
+    /// ```
+    #[must_use]
+    pub fn missing_delivery_id(sender: &str, source: &str) -> Self {
+        Self::of(
+            Problem::MissingKey,
+            format!(
+                "this endpoint receives {sender} deliveries and tells them apart by {source}, \
+                 which this delivery lacks; every {sender} delivery carries it (the same on \
+                 redeliveries of one event): send {sender} deliveries here, and check that \
+                 nothing on the way drops it"
+            ),
+        )
+    }
+
     /// 400 `invalid-key`: the key is not 1 to 255 characters of visible ASCII.
     #[must_use]
     pub fn invalid_key(why: impl fmt::Display) -> Self {
@@ -283,6 +307,118 @@ impl Rejection {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
+    }
+}
+
+/// The gRPC status codes the layer answers with (`google.rpc.Code`).
+mod grpc_code {
+    pub(super) const INVALID_ARGUMENT: u8 = 3;
+    pub(super) const NOT_FOUND: u8 = 5;
+    pub(super) const DEADLINE_EXCEEDED: u8 = 4;
+    pub(super) const ALREADY_EXISTS: u8 = 6;
+    pub(super) const RESOURCE_EXHAUSTED: u8 = 8;
+    pub(super) const FAILED_PRECONDITION: u8 = 9;
+    pub(super) const ABORTED: u8 = 10;
+    pub(super) const UNIMPLEMENTED: u8 = 12;
+    pub(super) const INTERNAL: u8 = 13;
+    pub(super) const UNAVAILABLE: u8 = 14;
+    pub(super) const UNAUTHENTICATED: u8 = 16;
+}
+
+impl Rejection {
+    /// The gRPC status code this rejection is given as to a gRPC call
+    /// ([`Rejection::into_grpc_response`]):
+    ///
+    /// | problem | code |
+    /// |---|---|
+    /// | `in-progress` | `ABORTED` (10): a concurrency conflict; retry the call |
+    /// | `key-reused` | `ALREADY_EXISTS` (6): the key exists, bound to another request; retrying cannot help, use a new key |
+    /// | `missing-key`, `invalid-key`, `invalid-scope`, `body-unreadable` | `INVALID_ARGUMENT` (3) |
+    /// | `store-unavailable` | `UNAVAILABLE` (14): retryable, nothing ran |
+    /// | `admin-request-invalid`, `record-not-found`, `operation-unsupported` (admin service) | `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `UNIMPLEMENTED` (12) |
+    /// | `body-too-large` | `RESOURCE_EXHAUSTED` (8), as gRPC answers a message over its limit |
+    /// | `body-timeout` | `DEADLINE_EXCEEDED` (4) |
+    /// | `response-not-stored` | `FAILED_PRECONDITION` (9): it ran, its answer cannot be replayed |
+    /// | `scope-rejected`, `signature-rejected` | `UNAUTHENTICATED` (16) |
+    /// | `record-unreadable`, `response-failed` | `INTERNAL` (13) |
+    ///
+    /// `key-reused` is `ALREADY_EXISTS` rather than `FAILED_PRECONDITION`: the gRPC
+    /// guide keeps `FAILED_PRECONDITION` for a state the client can fix and then retry
+    /// the same call, which a reused key never allows, while `ALREADY_EXISTS` says the
+    /// entity the client named (the key) exists already, the way Google's request-id
+    /// APIs answer a reused request id.
+    ///
+    /// ```
+    /// use idemkey::server::Rejection;
+    /// assert_eq!(Rejection::in_progress(std::time::Duration::from_secs(1)).grpc_code(), 10);
+    /// assert_eq!(Rejection::key_reused(http::StatusCode::UNPROCESSABLE_ENTITY).grpc_code(), 6);
+    /// ```
+    #[must_use]
+    pub const fn grpc_code(&self) -> u8 {
+        use grpc_code::*;
+        match self.problem {
+            Problem::InProgress => ABORTED,
+            Problem::KeyReused => ALREADY_EXISTS,
+            Problem::MissingKey
+            | Problem::InvalidKey
+            | Problem::InvalidScope
+            | Problem::BodyUnreadable
+            | Problem::AdminRequestInvalid => INVALID_ARGUMENT,
+            Problem::RecordNotFound => NOT_FOUND,
+            Problem::OperationUnsupported => UNIMPLEMENTED,
+            Problem::StoreUnavailable => UNAVAILABLE,
+            Problem::BodyTooLarge => RESOURCE_EXHAUSTED,
+            Problem::BodyTimeout => DEADLINE_EXCEEDED,
+            Problem::ResponseNotStored => FAILED_PRECONDITION,
+            Problem::ScopeRejected | Problem::SignatureRejected => UNAUTHENTICATED,
+            Problem::RecordUnreadable | Problem::ResponseFailed => INTERNAL,
+        }
+    }
+
+    /// The answer to a gRPC call (`Content-Type: application/grpc*`), the gRPC way: a
+    /// trailers-only response, HTTP `200` with `grpc-status` ([`Rejection::grpc_code`])
+    /// and `grpc-message` (the detail, percent-encoded), and, where the problem says
+    /// when to retry, `grpc-retry-pushback-ms` (gRPC's server pushback) with the
+    /// `Retry-After`. The layer answers gRPC calls so.
+    ///
+    /// ```
+    /// use idemkey::server::Rejection;
+    /// let resp = Rejection::store_unavailable(std::time::Duration::from_secs(2)).into_grpc_response();
+    /// assert_eq!(resp.status(), http::StatusCode::OK);
+    /// assert_eq!(resp.headers()["grpc-status"], "14");
+    /// assert_eq!(resp.headers()["grpc-retry-pushback-ms"], "2000");
+    /// assert_eq!(resp.headers()["content-type"], "application/grpc");
+    /// ```
+    #[must_use]
+    pub fn into_grpc_response(self) -> http::Response<ResponseBody> {
+        let mut resp = http::Response::new(ResponseBody::default());
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_code())),
+        );
+        let message = crate::server::layer::grpc_message(&self.detail);
+        if let Ok(v) = HeaderValue::try_from(message) {
+            h.insert("grpc-message", v);
+        }
+        if let Some(ra) = self.retry_after {
+            let ms = u64::try_from(ra.as_millis()).unwrap_or(u64::MAX);
+            h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+        }
+        resp
+    }
+
+    /// [`Rejection::into_grpc_response`] when `grpc`, else [`Rejection::into_response`].
+    pub(crate) fn answer(self, grpc: bool) -> http::Response<ResponseBody> {
+        if grpc {
+            self.into_grpc_response()
+        } else {
+            self.into_response()
+        }
     }
 }
 

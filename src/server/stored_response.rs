@@ -3,10 +3,10 @@
 
 use bytes::Bytes;
 use http::response::Parts;
-use http::{HeaderMap, HeaderName, Response, header};
+use http::{HeaderMap, HeaderName, Response, StatusCode, header};
 
 use super::body::ResponseBody;
-use super::record::Record;
+use super::record::{self, Record};
 use super::rejection::Rejection;
 use crate::protocol::ReplayHeader;
 
@@ -23,23 +23,39 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// The record of a response whose body was read whole: its status, its headers minus
-/// hop-by-hop ones, `Content-Length` and those in `deny`, and its body.
-pub(crate) fn record(parts: &Parts, body: Bytes, deny: &[HeaderName]) -> Record {
-    Record::Response {
-        status: parts.status,
-        headers: storable_headers(&parts.headers, deny),
-        body,
-    }
+/// The record of a response whose body was read whole, encoded: its status, its
+/// headers as [`storable`] keeps them, its body (in the pieces it came in) and its
+/// trailers (minus those in `deny`).
+pub(crate) fn encode_record(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[Bytes],
+    trailers: Option<&HeaderMap>,
+    deny: &[HeaderName],
+) -> Bytes {
+    let trailers = trailers.map_or_else(HeaderMap::new, |t| {
+        let mut t = t.clone();
+        for name in deny {
+            t.remove(name);
+        }
+        t
+    });
+    record::encode_response(status, headers, body, &trailers)
 }
 
 /// The record of a response too large to keep: its status, and that it was at least
 /// `size_at_least` bytes long.
-pub(crate) fn record_too_large(parts: &Parts, size_at_least: u64) -> Record {
+pub(crate) fn record_too_large(status: StatusCode, size_at_least: u64) -> Record {
     Record::TooLarge {
-        status: parts.status,
+        status,
         size_at_least,
     }
+}
+
+/// The headers of `parts` that a record keeps: all but hop-by-hop ones,
+/// `Content-Length` and those in `deny`.
+pub(crate) fn storable(parts: &Parts, deny: &[HeaderName]) -> HeaderMap {
+    storable_headers(&parts.headers, deny)
 }
 
 fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
@@ -66,28 +82,33 @@ fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
 /// The answer to a retry of a completed request: the stored response marked with
 /// `marker` (`Idempotent-Replayed: true` by default), or the problem that stands for it
 /// (a response that was too large to keep under `limit`, a record that cannot be read).
-pub(crate) fn replay(payload: Bytes, limit: usize, marker: ReplayHeader) -> Response<ResponseBody> {
+pub(crate) fn replay(
+    payload: Bytes,
+    limit: usize,
+    marker: ReplayHeader,
+) -> Result<Response<ResponseBody>, Rejection> {
     match Record::decode(payload) {
         Ok(Record::Response {
             status,
             headers,
             body,
+            trailers,
         }) => {
-            let mut resp = Response::new(ResponseBody::full(body));
+            let trailers = (!trailers.is_empty()).then_some(trailers);
+            let mut resp = Response::new(ResponseBody::full_with_trailers(body, trailers));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
             resp.headers_mut()
                 .insert(marker.name(), ReplayHeader::value());
-            resp
+            Ok(resp)
         }
         Ok(Record::TooLarge { size_at_least, .. }) => {
-            Rejection::response_not_stored(size_at_least, limit).into_response()
+            Err(Rejection::response_not_stored(size_at_least, limit))
         }
-        Ok(Record::Value(_)) => {
-            Rejection::record_unreadable("the record holds a function result, not a response")
-                .into_response()
-        }
-        Err(why) => Rejection::record_unreadable(why).into_response(),
+        Ok(Record::Value(_)) => Err(Rejection::record_unreadable(
+            "the record holds a function result, not a response",
+        )),
+        Err(why) => Err(Rejection::record_unreadable(why)),
     }
 }
 

@@ -55,6 +55,20 @@ impl Decision {
         }
     }
 
+    /// The decision an [`Engine`](super::Engine) claim came to.
+    pub(crate) fn of(claimed: &Result<super::Claimed, super::ClaimError>) -> Self {
+        use super::Claimed;
+        match claimed {
+            Ok(Claimed::Execute(exec)) if exec.is_takeover() => Self::Takeover,
+            Ok(Claimed::Execute(_)) => Self::Fresh,
+            Ok(Claimed::Replay(_)) => Self::Replay,
+            Ok(Claimed::InProgress { .. }) => Self::Conflict,
+            Ok(Claimed::KeyReused) => Self::Mismatch,
+            Ok(Claimed::Unguarded) => Self::FailOpen,
+            Err(_) => Self::StoreUnavailable,
+        }
+    }
+
     /// Records the decision: on the current span (the request's, where the layer opened
     /// one) and in the requests counter.
     pub(crate) fn record(self) {

@@ -10,8 +10,8 @@ use dashmap::mapref::entry::Entry;
 use tokio::time::Instant;
 
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
-    clamp_forever,
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Settlements, Store,
+    StoreError, Watch, clamp_forever,
 };
 
 /// The shortest time between two automatic sweeps, in microseconds of store time.
@@ -52,6 +52,8 @@ pub struct MemoryStore {
 
 struct Inner {
     records: DashMap<RecordId, Record>,
+    /// Duplicates waiting for a record to settle ([`Store::watch`]).
+    settlements: Settlements,
     /// Store time after which the next claim starts a sweep.
     next_sweep_us: AtomicU64,
     /// Store time zero: every time a record keeps is microseconds since this instant.
@@ -65,6 +67,7 @@ impl Default for Inner {
     fn default() -> Self {
         Self {
             records: DashMap::new(),
+            settlements: Settlements::default(),
             next_sweep_us: AtomicU64::new(SWEEP_INTERVAL_US),
             epoch: Instant::now(),
             epoch_wall: SystemTime::now(),
@@ -152,6 +155,7 @@ impl MemoryStore {
         let now = self.now();
         let before = self.inner.records.len();
         self.inner.records.retain(|_, r| r.kept_until() > now);
+        self.inner.settlements.prune();
         before.saturating_sub(self.inner.records.len()) as u64
     }
 
@@ -291,7 +295,9 @@ impl Store for MemoryStore {
                 r.state = State::Completed(payload);
                 r.expires = now.saturating_add(micros(retention));
             }
-        })
+        })?;
+        self.inner.settlements.notify(id);
+        Ok(())
     }
 
     async fn renew(
@@ -312,7 +318,9 @@ impl Store for MemoryStore {
             if let Entry::Occupied(e) = e {
                 e.remove();
             }
-        })
+        })?;
+        self.inner.settlements.notify(id);
+        Ok(())
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
@@ -330,11 +338,17 @@ impl Store for MemoryStore {
 
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(self
+        let removed = self
             .inner
             .records
             .remove(id)
-            .is_some_and(|(_, r)| r.kept_until() > now))
+            .is_some_and(|(_, r)| r.kept_until() > now);
+        self.inner.settlements.notify(id);
+        Ok(removed)
+    }
+
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        Ok(Box::new(self.inner.settlements.subscribe(id)))
     }
 
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {

@@ -46,6 +46,8 @@
 
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod inbox;
 mod memory;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -59,6 +61,7 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod sweeper;
+mod watch;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -81,6 +84,12 @@ pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use sweeper::spawn_sweeper;
+#[allow(
+    unused_imports,
+    reason = "used by the notifying stores behind features"
+)]
+pub(crate) use watch::{ChannelWatch, Settlements};
+pub use watch::{POLL_INTERVAL, PollingWatch, Watch};
 
 /// The longest lease, retention or period any store keeps: 100 years, as good as never.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
@@ -390,6 +399,25 @@ pub trait Store: Send + Sync + 'static {
         let _ = limit;
         Err(StoreError::unsupported("list_in_progress"))
     }
+
+    /// A [`Watch`] of `id`: what a duplicate that waits for a running request's outcome
+    /// (the layer's [`InProgressPolicy::Wait`](crate::server::InProgressPolicy::Wait),
+    /// [`Engine::claim_or_wait`](crate::server::Engine::claim_or_wait)) waits on
+    /// between two looks at the record. Made before the look, so that a settling in
+    /// between is not missed.
+    ///
+    /// Stores that can notify wake it when the record is completed or released:
+    /// [`MemoryStore`] at once, `RedisStore` by pub/sub, `PostgresStore` by
+    /// `LISTEN`/`NOTIFY` when built with `notify(true)`. The default implementation
+    /// polls ([`PollingWatch`]). A store that fails to subscribe may return a
+    /// [`PollingWatch`] rather than an error.
+    ///
+    /// # Errors
+    /// The store's; the engine then polls.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        let _ = id;
+        Ok(Box::new(PollingWatch::default()))
+    }
 }
 
 #[async_trait::async_trait]
@@ -432,12 +460,16 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         (**self).list_in_progress(limit).await
     }
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        (**self).watch(id).await
+    }
 }
 
 /// A store operation that failed.
 ///
 /// Query the kind with [`StoreError::is_fenced`], [`StoreError::is_unavailable`],
-/// [`StoreError::is_corrupt`] and [`StoreError::is_unsupported`].
+/// [`StoreError::is_configuration`], [`StoreError::is_corrupt`],
+/// [`StoreError::is_unsupported`] and [`StoreError::is_unreplicated`].
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct StoreError {
@@ -450,8 +482,14 @@ pub struct StoreError {
 enum StoreErrorKind {
     Fenced,
     Unavailable(String),
+    Configuration(String),
     Corrupt(String),
     Unsupported(&'static str),
+    Unreplicated {
+        acked: usize,
+        wanted: usize,
+        timeout: Duration,
+    },
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -461,7 +499,9 @@ impl fmt::Display for StoreErrorKind {
                 "the fencing token no longer holds this record (another request took it over after its lease expired, or it was released, force-released or completed, or it expired); nothing was written",
             ),
             Self::Unavailable(m) => write!(f, "the idempotency store is unreachable or failing: {m}; retry later"),
+            Self::Configuration(m) => write!(f, "the idempotency store is misconfigured: {m}; retrying will not help"),
             Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
+            Self::Unreplicated { acked, wanted, timeout } => write!(f, "the completion is written on the primary, but only {acked} of the {wanted} replicas asked for acknowledged it within {timeout:?}: it would be lost if the primary failed now (check the replicas' health and lag, or wait for fewer)"),
             Self::Unsupported(op) => write!(f, "this idempotency store does not implement `{op}`: use one of idemkey's stores (they all do), or look the record up with the backing database's own tools"),
         }
     }
@@ -485,6 +525,39 @@ impl StoreError {
     ) -> Self {
         Self {
             kind: StoreErrorKind::Unavailable(what.into()),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store's configuration is wrong (a database that does not exist, a user the
+    /// server refuses, a Redis database number out of range, a file in a directory that
+    /// does not exist, an invalid table name): retrying will not help. `what` says what
+    /// to fix.
+    ///
+    /// ```
+    /// let e = idemkey::store::StoreError::configuration("database \"app\" does not exist");
+    /// assert!(e.is_configuration() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("does not exist"));
+    /// ```
+    #[must_use]
+    pub fn configuration(what: impl Into<String>) -> Self {
+        Self {
+            kind: StoreErrorKind::Configuration(what.into()),
+            source: None,
+        }
+    }
+
+    /// [`StoreError::configuration`], keeping the driver's error as the source.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn configuration_from(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind: StoreErrorKind::Configuration(what.into()),
             source: Some(source.into()),
         }
     }
@@ -521,7 +594,39 @@ impl StoreError {
             StoreErrorKind::Unavailable(_) => "unavailable",
             StoreErrorKind::Corrupt(_) => "corrupt",
             StoreErrorKind::Unsupported(_) => "unsupported",
+            StoreErrorKind::Configuration(_) => "configuration",
+            StoreErrorKind::Unreplicated { .. } => "unreplicated",
         }
+    }
+
+    /// A completion written on the primary that fewer than `wanted` replicas
+    /// acknowledged within `timeout` (`RedisStoreBuilder::wait_for_replicas`, feature
+    /// `redis`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let e = idemkey::store::StoreError::unreplicated(0, 1, Duration::from_millis(100));
+    /// assert!(e.is_unreplicated() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("0 of the 1 replicas"));
+    /// ```
+    #[must_use]
+    pub fn unreplicated(acked: usize, wanted: usize, timeout: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Unreplicated {
+                acked,
+                wanted,
+                timeout,
+            },
+            source: None,
+        }
+    }
+
+    /// `true` when a completion was written but not acknowledged by as many replicas as
+    /// the store was asked to wait for ([`StoreError::unreplicated`]): it may be lost if
+    /// the primary fails, and is not retried (the record already holds it).
+    #[must_use]
+    pub fn is_unreplicated(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unreplicated { .. })
     }
 
     /// `true` when a complete, renew or release was refused because the token no longer
@@ -535,6 +640,13 @@ impl StoreError {
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Unavailable(_))
+    }
+
+    /// `true` when the store's configuration is wrong and retrying will not help
+    /// ([`StoreError::configuration`]): fix what the message names.
+    #[must_use]
+    pub fn is_configuration(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Configuration(_))
     }
 
     /// `true` when a record could not be decoded.

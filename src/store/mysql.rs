@@ -1,5 +1,6 @@
 //! The shared durable store on MySQL or MariaDB (feature `mysql`). See [`MySqlStore`].
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +9,8 @@ use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::sql::{
-    DEFAULT_TABLE, TableName, decode_claim, decode_info, fenced, sql, takeover_sets, unavailable,
+    DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, sql,
+    takeover_sets, unavailable,
 };
 use super::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
 /// The longest lease or retention, in microseconds: 100 years ("forever"), well within
@@ -265,16 +267,21 @@ impl MySqlStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the table name is invalid, or the URL is
-    /// invalid or the database cannot be reached.
+    /// [`StoreError::is_configuration`] when the table name or the URL is invalid, or
+    /// the server refuses the URL's database, user or password;
+    /// [`StoreError::is_unavailable`] when the server cannot be reached (the message
+    /// names the host and port tried).
     pub async fn connect(self) -> Result<MySqlStore, StoreError> {
         let table = TableName::parse(&self.table)?;
+        let options = sqlx::mysql::MySqlConnectOptions::from_str(&self.url)
+            .map_err(|e| connect_failed("MySQL", "?", e))?;
+        let at = format!("{}:{}", options.get_host(), options.get_port());
         let pool = MySqlPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
-            .connect(&self.url)
+            .connect_with(options)
             .await
-            .map_err(|e| unavailable("MySQL: connecting", e))?;
+            .map_err(|e| connect_failed("MySQL", &at, e))?;
         let dialect = match self.dialect {
             Some(dialect) => dialect,
             None => {

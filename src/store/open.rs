@@ -12,7 +12,7 @@ use super::{MemoryStore, Store, StoreError};
 /// | `memory` (or `memory://`) | [`MemoryStore`] | `server` |
 /// | `redis://[:password@]host[:port][/db]`, `rediss://...` | `RedisStore` | `redis` |
 /// | `postgres://user[:password]@host[:port]/database` (or `postgresql://`) | `PostgresStore` | `postgres` |
-/// | `sqlite://PATH` (`sqlite:///abs/path` or `sqlite://relative/path`) | `SqliteStore` | `sqlite` |
+/// | `sqlite://PATH` (`sqlite:///abs/path` or `sqlite://relative/path`; `sqlite://:memory:`, one in-memory database) | `SqliteStore` | `sqlite` |
 /// | `mysql://user[:password]@host[:port]/database` (or `mariadb://`) | `MySqlStore` | `mysql` |
 /// | `dynamodb://[KEY_ID:SECRET@]TABLE?region=REGION[&endpoint=URL]` | `DynamoStore` (table created if missing; see `DynamoStore::from_url` for credentials) | `dynamodb` |
 ///
@@ -32,7 +32,10 @@ use super::{MemoryStore, Store, StoreError};
 ///
 /// [`OpenError::is_unsupported`] for an unknown scheme or one whose store was not
 /// compiled in (the message names the Cargo feature to enable);
-/// [`OpenError::is_unavailable`] when the store cannot be reached or set up.
+/// [`OpenError::is_configuration`] when the store refuses the URL's database, user,
+/// password or database number, or a SQLite file's directory does not exist (the message
+/// says what to fix); [`OpenError::is_unavailable`] when the store cannot be reached
+/// (the message names the host and port tried).
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
     let scheme = url.split_once(':').map_or(url, |(s, _)| s);
     match scheme {
@@ -144,7 +147,9 @@ impl OpenError {
         let scheme = url.split_once(':').map_or(url, |(s, _)| s);
         Self::unsupported(format!(
             "{scheme}:// stores need idemkey's `{feature}` feature, which this build lacks: \
-             enable it in Cargo.toml (idemkey = {{ features = [\"{feature}\"] }})"
+             run idemkey's examples with `--features {feature}` (or `--all-features`); in \
+             your own crate, enable it in Cargo.toml (idemkey = {{ features = \
+             [\"{feature}\"] }})"
         ))
     }
 
@@ -154,10 +159,30 @@ impl OpenError {
         matches!(self.kind, OpenErrorKind::Unsupported(_))
     }
 
-    /// `true` when the store was recognised but could not be reached or set up.
+    /// `true` when the store was recognised but could not be reached or set up: an
+    /// outage, worth retrying later.
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(&self.kind, OpenErrorKind::Store(e) if e.is_unavailable())
+    }
+
+    /// `true` when the store answered but refused what the URL asks for (a database
+    /// that does not exist, an unknown user, a wrong password, a Redis database number
+    /// out of range), the URL or a setting is invalid, or a SQLite file's directory does
+    /// not exist: retrying will not help, the message says what to fix
+    /// ([`StoreError::is_configuration`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlite")] {
+    /// let err = idemkey::store::open("sqlite://no/such/dir/records.db").await.err().expect("no directory");
+    /// assert!(err.is_configuration(), "{err}");
+    /// # }
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn is_configuration(&self) -> bool {
+        matches!(&self.kind, OpenErrorKind::Store(e) if e.is_configuration())
     }
 }
 
@@ -199,5 +224,6 @@ mod tests {
         }
         let msg = super::OpenError::missing_feature("redis://h", "redis").to_string();
         assert!(msg.contains("`redis` feature"), "{msg}");
+        assert!(msg.contains("--features redis"), "{msg}");
     }
 }

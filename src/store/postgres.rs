@@ -25,20 +25,28 @@
 //! whom nobody took over still writes (contract rule 3). Every time decision uses the
 //! database's `now()`, so all instances agree on one clock.
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, Row};
 
+use super::inbox::{self, DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
-    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
-    unavailable,
+    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
+    fenced, sql, unavailable,
 };
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
+    Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
+    StoreError, Watch, clamp_forever,
 };
+use crate::IdempotencyKey;
+use crate::fingerprint::Fingerprint;
+use crate::server::{OnceError, Settled};
 
 /// A store shared by every instance of an application through one PostgreSQL database.
 ///
@@ -104,6 +112,29 @@ pub struct PostgresStore {
     pool: PgPool,
     table: TableName,
     sql: Arc<Statements>,
+    inbox_retention: Duration,
+
+    /// With [`PostgresStoreBuilder::notify`]: the waiters woken by `LISTEN`.
+    notifier: Option<Arc<Notifier>>,
+}
+
+/// The channel complete and release notify (with `notify(true)`), the record id in hex
+/// as payload.
+const CHANNEL: &str = "idemkey_settled";
+
+/// The waiters of this store's records, woken by one `LISTEN` connection per store,
+/// opened at the first watch (and again at the next watch once it was lost).
+struct Notifier {
+    settlements: Settlements,
+    listener: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.abort();
+        }
+    }
 }
 
 struct Statements {
@@ -116,10 +147,14 @@ struct Statements {
     force_release: Arc<str>,
     list_in_progress: Arc<str>,
     schema_is_current: Arc<str>,
+    inbox_insert: Arc<str>,
+    inbox_lock: Arc<str>,
+    inbox_take: Arc<str>,
+    inbox_record: Arc<str>,
 }
 
 impl Statements {
-    fn new(t: &str) -> Self {
+    fn new(t: &str, notify: bool) -> Self {
         let sets = claim_sets("r.expires_at <= now()", "r.");
         let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
         // The end of the time a row is kept: retention end once completed, lease end
@@ -151,16 +186,18 @@ impl Statements {
 SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
-            complete: format!(
-                "UPDATE {t} SET payload = $3, token = NULL,
+            complete: notified(
+                &format!(
+                    "UPDATE {t} SET payload = $3, token = NULL,
   expires_at = now() + $4 * interval '1 microsecond' WHERE {held}"
-            )
-            .into(),
+                ),
+                notify,
+            ),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + $3 * interval '1 microsecond' WHERE {held}"
             )
             .into(),
-            release: format!("DELETE FROM {t} WHERE {held}").into(),
+            release: notified(&format!("DELETE FROM {t} WHERE {held}"), notify),
             sweep: format!(
                 "DELETE FROM {t} WHERE expires_at <= now() AND (payload IS NOT NULL
   OR expires_at + retention * interval '1 microsecond' <= now())"
@@ -184,7 +221,48 @@ ORDER BY created LIMIT $1"
       = cardinality($2)
   AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL"
                 .into(),
+            // The inbox's statements run in the caller's transaction, where `now()` is
+            // the transaction's start: `statement_timestamp()` is the time now.
+            inbox_insert: format!(
+                "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at, created,
+    retention)
+  VALUES ($1, $2, NULL, NULL, false,
+    statement_timestamp() + $3 * interval '1 microsecond', statement_timestamp(), 0)
+  ON CONFLICT (id) DO NOTHING"
+            )
+            .into(),
+            inbox_lock: format!(
+                "SELECT false AS won, false AS taken_over, fingerprint, payload,
+  expires_at > statement_timestamp() AS live,
+  (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint AS remaining
+FROM {t} WHERE id = $1 FOR UPDATE"
+            )
+            .into(),
+            inbox_take: format!(
+                "UPDATE {t} SET fingerprint = $2, token = NULL, payload = NULL, taken_over = false,
+  expires_at = statement_timestamp() + $3 * interval '1 microsecond',
+  created = statement_timestamp(), retention = 0
+WHERE id = $1"
+            )
+            .into(),
+            inbox_record: format!("UPDATE {t} SET payload = $2 WHERE id = $1").into(),
         }
+    }
+}
+
+/// A fenced write (one row, or none when fenced) that, with `notify`, also notifies
+/// [`CHANNEL`] of the row it wrote, in the same statement (so in its transaction: the
+/// notice goes out when the write commits). The statement then counts the rows it
+/// selected, one per row written, as the write alone would.
+fn notified(write: &str, notify: bool) -> Arc<str> {
+    if notify {
+        format!(
+            "WITH written AS ({write} RETURNING id)
+SELECT pg_notify('{CHANNEL}', encode(id, 'hex')) FROM written"
+        )
+        .into()
+    } else {
+        write.into()
     }
 }
 
@@ -195,6 +273,9 @@ pub struct PostgresStoreBuilder {
     table: String,
     max_connections: u32,
     acquire_timeout: Duration,
+    inbox_retention: Duration,
+
+    notify: bool,
 }
 
 impl std::fmt::Debug for PostgresStoreBuilder {
@@ -204,6 +285,8 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("table", &self.table)
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("inbox_retention", &self.inbox_retention)
+            .field("notify", &self.notify)
             .finish_non_exhaustive()
     }
 }
@@ -232,23 +315,70 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// How long [`PostgresStore::once_in`] keeps a processed message's record
+    /// (default 7 days): a redelivery within it is recognised; one after it runs again.
+    #[must_use]
+    pub fn inbox_retention(mut self, retention: Duration) -> Self {
+        self.inbox_retention = retention;
+        self
+    }
+
+    /// Notify waiting duplicates (default off): complete and release `NOTIFY` the
+    /// channel `idemkey_settled`, and [`Store::watch`] `LISTEN`s on it (one connection
+    /// per store, opened at the first watch), so that a duplicate that waits for a
+    /// running request ([`InProgressPolicy::Wait`](crate::server::InProgressPolicy::Wait))
+    /// is answered as soon as the outcome commits instead of at its next poll.
+    ///
+    /// Off by default because a `NOTIFY` takes a database-wide lock at commit, which
+    /// serializes the commits of every transaction that notifies; turn it on where
+    /// duplicates wait, on every instance that writes to the table (an instance
+    /// without it completes records silently, and the waiters of the others poll).
+    ///
+    /// ```
+    /// let builder = idemkey::store::PostgresStore::builder("postgres://localhost/app").notify(true);
+    /// # let _ = builder;
+    /// ```
+    #[must_use]
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
     /// Connects (one connection now, the rest on demand). Does not create the table:
     /// call [`PostgresStore::migrate`] or run [`PostgresStore::schema_sql`] yourself.
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the table name is invalid, or the URL is
-    /// invalid or the database cannot be reached.
+    /// [`StoreError::is_configuration`] when the table name or the URL is invalid, or
+    /// the server refuses the URL's database, user or password;
+    /// [`StoreError::is_unavailable`] when the server cannot be reached (the message
+    /// names the host and port tried).
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let table = TableName::parse(&self.table)?;
+        let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+            .map_err(|e| connect_failed("PostgreSQL", "?", e))?;
+        let at = format!("{}:{}", options.get_host(), options.get_port());
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
-            .connect(&self.url)
+            .connect_with(options)
             .await
-            .map_err(|e| unavailable("PostgreSQL: connecting", e))?;
-        let sql = Arc::new(Statements::new(table.quoted()));
-        Ok(PostgresStore { pool, table, sql })
+            .map_err(|e| connect_failed("PostgreSQL", &at, e))?;
+        let sql = Arc::new(Statements::new(table.quoted(), self.notify));
+        let notifier = self.notify.then(|| {
+            Arc::new(Notifier {
+                settlements: Settlements::default(),
+                listener: tokio::sync::Mutex::new(None),
+            })
+        });
+        Ok(PostgresStore {
+            pool,
+            table,
+            sql,
+            inbox_retention: self.inbox_retention,
+
+            notifier,
+        })
     }
 }
 
@@ -261,6 +391,9 @@ impl PostgresStore {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 16,
             acquire_timeout: Duration::from_secs(3),
+            inbox_retention: DEFAULT_INBOX_RETENTION,
+
+            notify: false,
         }
     }
 
@@ -337,6 +470,151 @@ CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;
             .await
             .map_err(err)?;
         tx.commit().await.map_err(err)
+    }
+}
+
+impl PostgresStore {
+    /// The transactional inbox: runs `f` at most once per (`scope`, `key`,
+    /// `fingerprint`) *inside the caller's transaction*, and records its value in that
+    /// same transaction, so that the claim, `f`'s writes and the result commit together
+    /// or not at all. Later calls with the same three get the recorded value back
+    /// ([`Settled::is_replayed`]) without running `f`.
+    ///
+    /// Pass the transaction as `&mut *tx`, and run every write of the effect on the
+    /// connection `f` is given (the same transaction). Commit after `once_in` returns
+    /// (then acknowledge the message); if the process dies before the commit, or the
+    /// transaction is rolled back, nothing of it stays and the redelivered message runs
+    /// `f` again, once. Records live in the store's table, addressed like the engine's
+    /// ([`RecordId::new`]`(scope, key)`), for [`PostgresStoreBuilder::inbox_retention`].
+    ///
+    /// The claim is `INSERT ... ON CONFLICT (id) DO NOTHING`, then `SELECT ... FOR
+    /// UPDATE` when the row exists. A concurrent duplicate in another transaction
+    /// therefore **waits** on the row until the first transaction ends: after a commit
+    /// it gets the recorded value (a replay), after a rollback it claims the key and
+    /// runs `f` itself. It never runs `f` while the first may still commit. This holds
+    /// at the default isolation `READ COMMITTED`; under `REPEATABLE READ` or
+    /// `SERIALIZABLE` the waiting duplicate fails with a serialisation error
+    /// ([`OnceError::is_store_unavailable`]) instead: roll back and redeliver.
+    ///
+    /// `f` and the claim run in a savepoint: when `f` fails (or its value cannot be
+    /// serialised, or a statement fails) the savepoint is rolled back, so the claim and
+    /// `f`'s writes are undone and the transaction stays usable. When `conn` is not in a
+    /// transaction, `once_in` opens one and commits it before returning.
+    ///
+    /// Exactly once holds for the writes `f` makes through the connection. Anything
+    /// else `f` does (an email, an HTTP call) is still at least once: it may happen and
+    /// then be rolled back with the transaction.
+    ///
+    /// # Errors
+    /// [`OnceError`]: key reused with another fingerprint; in progress when a running
+    /// [`Engine::once`](crate::server::Engine::once) or layer request holds the key
+    /// (inbox claims are never visible in progress); store unavailable when a
+    /// statement fails (roll the transaction back); `f` failed; the value could not be
+    /// recorded or read back.
+    ///
+    /// ```no_run
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::store::PostgresStore;
+    /// # async fn demo(store: PostgresStore, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let key = IdempotencyKey::new("msg-0001")?;
+    /// let fp = Fingerprint::of_bytes(b"charge acct-1 250");
+    /// let mut tx = pool.begin().await?;
+    /// let balance = store
+    ///     .once_in(&mut *tx, "charges", &key, &fp, async |conn| {
+    ///         sqlx::query_scalar::<_, i64>(
+    ///             "UPDATE accounts SET balance = balance + 250 WHERE id = 1 RETURNING balance",
+    ///         )
+    ///         .fetch_one(&mut *conn)
+    ///         .await
+    ///     })
+    ///     .await?;
+    /// tx.commit().await?; // claim, charge and result, together; then ack the message
+    /// println!("balance {} (replayed: {})", balance.value(), balance.is_replayed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn once_in<T, E, F>(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        f: F,
+    ) -> Result<Settled<T>, OnceError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    {
+        inbox::once_in(self, conn, scope, key, fingerprint, f).await
+    }
+}
+
+impl InboxSql for PostgresStore {
+    type Db = Postgres;
+    type Conn = PgConnection;
+
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        fingerprint: &[u8],
+    ) -> Result<Claim, StoreError> {
+        let err = |e| unavailable("PostgreSQL: the inbox claiming a record", e);
+        let retention = micros(self.inbox_retention);
+        // A row that disappears between the two statements (swept, released) is
+        // inserted again; three rounds make that race practically impossible to lose.
+        for _ in 0..3 {
+            let inserted = sqlx::query(sql(&self.sql.inbox_insert))
+                .bind(id.as_bytes().as_slice())
+                .bind(fingerprint)
+                .bind(retention)
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+            if inserted.rows_affected() == 1 {
+                return Ok(Claim::Acquired { takeover: false });
+            }
+            let Some(row) = sqlx::query(sql(&self.sql.inbox_lock))
+                .bind(id.as_bytes().as_slice())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(err)?
+            else {
+                continue;
+            };
+            let live: bool = row
+                .try_get("live")
+                .map_err(|e| StoreError::corrupt(format!("the inbox's claim returned {e}")))?;
+            if live {
+                return decode_claim(&row, Duration::from_micros);
+            }
+            sqlx::query(sql(&self.sql.inbox_take))
+                .bind(id.as_bytes().as_slice())
+                .bind(fingerprint)
+                .bind(retention)
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+            return Ok(Claim::Acquired { takeover: true });
+        }
+        Err(StoreError::unavailable(
+            "PostgreSQL: the inbox's record was removed three times while being claimed",
+            "retry the message",
+        ))
+    }
+
+    async fn record(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(sql(&self.sql.inbox_record))
+            .bind(id.as_bytes().as_slice())
+            .bind(payload)
+            .execute(&mut *conn)
+            .await
+            .map(|r| r.rows_affected());
+        fenced("PostgreSQL: the inbox recording a result", done)
     }
 }
 
@@ -430,6 +708,17 @@ impl Store for PostgresStore {
         Ok(shown.unwrap_or(false))
     }
 
+    /// With [`PostgresStoreBuilder::notify`], woken by `LISTEN`; polling otherwise.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Ok(Box::new(PollingWatch::default()));
+        };
+        // Armed before the listener is known to listen: a notice from then on wakes it.
+        let watch = notifier.settlements.subscribe(id);
+        self.listen(notifier).await?;
+        Ok(Box::new(watch))
+    }
+
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         let rows = sqlx::query(sql(&self.sql.list_in_progress))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -439,6 +728,43 @@ impl Store for PostgresStore {
         rows.iter()
             .map(|r| decode_info(r, Duration::from_micros))
             .collect()
+    }
+}
+
+impl PostgresStore {
+    /// Starts the `LISTEN` task of `notifier` unless it runs; returns once it listens.
+    async fn listen(&self, notifier: &Arc<Notifier>) -> Result<(), StoreError> {
+        let mut listener = notifier.listener.lock().await;
+        if listener.as_ref().is_some_and(|l| !l.is_finished()) {
+            return Ok(());
+        }
+        let mut pg = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: connecting to LISTEN", e))?;
+        pg.listen(CHANNEL)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: LISTEN", e))?;
+        // Not the notifier itself: its drop ends this task.
+        let weak = Arc::downgrade(notifier);
+        *listener = Some(tokio::spawn(async move {
+            loop {
+                let n = match pg.recv().await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the LISTEN connection of the store's waiters failed; the next watch opens it again");
+                        return;
+                    }
+                };
+                let Some(notifier) = weak.upgrade() else {
+                    return;
+                };
+                let mut id = [0_u8; 32];
+                if hex::decode_to_slice(n.payload(), &mut id).is_ok() {
+                    notifier.settlements.notify(&RecordId::from_bytes(id));
+                }
+            }
+        }));
+        Ok(())
     }
 }
 

@@ -5,20 +5,21 @@
 //!
 //! # Transitions
 //!
-//! Each operation is one Lua script, run atomically by Redis: one round trip each (the
-//! scripts are loaded when the store connects; `EVALSHA` reloads them after a server
-//! restart). Lease and retention decisions read `TIME` inside the script, so every
-//! instance of the application agrees on one clock. Redis 7 replicates script effects,
-//! which allows `TIME` in a writing script; older servers are asked for it with
-//! `redis.replicate_commands()`.
+//! A record is one string value (layout on [`RedisStore`]), so that the common claim
+//! needs no script: `SET key value NX PX ttl GET` writes the in-progress record if the
+//! key is absent and returns the record otherwise, in the same command; `PTTL` is
+//! pipelined with it (one round trip). Leases run on the Redis clock: an in-progress
+//! record's key lives until the end of its lease plus the claim's retention (contract
+//! rules 3 and 4), so the lease left is `PTTL` minus the retention kept in the value.
+//! Only a claim that finds an expired lease (a takeover, rare) runs a script, which
+//! decides again atomically: two round trips then.
 //!
-//! Expiry is by TTL: a completed record expires with its retention; an in-progress
-//! record at the end of its lease plus the claim's retention, so that an owner whose
-//! lease expired and whom nobody took over can still complete (contract rules 3 and 4),
-//! and so that the claim that takes it over can report `takeover: true`. A key that
-//! exists is therefore a record the store still keeps, and complete, renew and release
-//! need only compare the token. Inspect reads the record without `TIME` for the same
-//! reason; force-release is one `DEL`.
+//! Complete, renew and release are small Lua scripts (one round trip each, loaded when
+//! the store connects; `EVALSHA` reloads them after a server restart) that compare the
+//! token and rewrite or delete the value. A key that exists is a record the store still
+//! keeps (TTL), so no script reads `TIME`. Inspect reads the value's head and
+//! `PEXPIRETIME` in a read-only script; force-release is one `DEL`. Redis 7.0 or later
+//! (`SET ... NX GET`, `PEXPIRETIME`).
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -27,84 +28,83 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
-use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use ::redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Script, Value};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
-    clamp_forever,
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Settlements, Store,
+    StoreError, Watch, clamp_forever,
 };
 
-/// Shared by every writing script: `now` in milliseconds of the Redis clock, and
-/// `held()`: the claim's retention in milliseconds when `ARGV[1]` (a token) holds the
-/// in-progress record at `KEYS[1]`, `nil` otherwise. The key's TTL (lease end +
-/// retention) removes a record once it is no longer kept, so no time is compared.
-const PRELUDE: &str = r"
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function held()
-  local r = redis.call('HMGET', KEYS[1], 's', 't', 'r')
-  if r[1] == 'p' and r[2] == ARGV[1] then return tonumber(r[3]) or 0 end
-  return nil
+/// `ARGV`: `P` and the token, payload, retention ms. Rewrites the in-progress record
+/// held by the token as a completed one (state `C`, the creation time made explicit as
+/// it was derived from the expiry that changes now, the payload after the fingerprint)
+/// with the new expiry, in three calls (each `redis.call` costs about 1 µs of its own).
+/// Returns 1, or 0 when fenced.
+const COMPLETE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 33) ~= ARGV[1] then return 0 end
+local c = string.sub(v, 47, 60)
+if string.byte(c, 1) == 76 then
+  c = string.format('C%013d', redis.call('PEXPIRETIME', KEYS[1]) - string.sub(v, 34, 46) - string.sub(c, 2))
 end
+redis.call('SET', KEYS[1], 'C' .. string.sub(v, 2, 46) .. c .. string.sub(v, 61) .. ARGV[2], 'PX', ARGV[3])
+redis.call('PUBLISH', KEYS[1], 'c')
+return 1
 ";
 
-/// `ARGV`: fingerprint, token, lease ms, retention ms.
-/// Returns `{1, takeover}`, `{2, fingerprint, remaining ms}` or `{3, fingerprint, payload}`.
-const CLAIM: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 'e', 'f', 'p')
-local takeover = 0
-if r[1] then
-  local e = tonumber(r[2])
-  if e > now then
-    if r[1] == 'c' then return {3, r[3], r[4]} end
-    return {2, r[3], e - now}
-  end
-  if r[1] == 'p' then takeover = 1 end
-  redis.call('DEL', KEYS[1])
+/// `ARGV`: `P` and the token, lease ms. Moves the key's expiry to now + lease + the
+/// claim's retention (the creation time made explicit first, as it was derived from
+/// the expiry). Returns 1, or 0 when fenced.
+const RENEW: &str = r"
+local h = redis.call('GETRANGE', KEYS[1], 0, 59)
+if string.sub(h, 1, 33) ~= ARGV[1] then return 0 end
+local retention = tonumber(string.sub(h, 34, 46))
+if string.byte(h, 47) == 76 then
+  redis.call('SETRANGE', KEYS[1], 46, string.format('C%013d', redis.call('PEXPIRETIME', KEYS[1]) - retention - string.sub(h, 48, 60)))
 end
-local e = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 't', ARGV[2], 'e', e, 'c', now, 'r', ARGV[4])
-redis.call('PEXPIREAT', KEYS[1], e + tonumber(ARGV[4]))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(ARGV[2] + retention, 1)))
+return 1
+";
+
+/// `ARGV`: `P` and the token. Returns 1, or 0 when fenced.
+const RELEASE: &str = r"
+if redis.call('GETRANGE', KEYS[1], 0, 32) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[1], 'r')
+return 1
+";
+
+/// The claim that found an expired lease, decided again atomically. `ARGV`: the new
+/// in-progress record, its TTL in ms. Returns `{1, takeover}`, `{2, record, lease ms
+/// left}` or `{3, record}`.
+const TAKEOVER: &str = r"
+local v = redis.call('GET', KEYS[1])
+local takeover = 0
+if v then
+  if string.byte(v, 1) ~= 80 then return {3, v} end
+  local left = redis.call('PTTL', KEYS[1]) - string.sub(v, 34, 46)
+  if left > 0 then return {2, v, left} end
+  takeover = 1
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, takeover}
 ";
 
-/// `ARGV`: token, payload, retention ms. Returns 1, or 0 when fenced.
-const COMPLETE: &str = r"
-if not held() then return 0 end
-local e = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 's', 'c', 'p', ARGV[2], 'e', e)
-redis.call('HDEL', KEYS[1], 't', 'r')
-redis.call('PEXPIREAT', KEYS[1], e)
-return 1
-";
-
-/// `ARGV`: token, lease ms. Returns 1, or 0 when fenced.
-const RENEW: &str = r"
-local retention = held()
-if not retention then return 0 end
-local e = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'e', e)
-redis.call('PEXPIREAT', KEYS[1], e + retention)
-return 1
-";
-
-/// `ARGV`: token. Returns 1, or 0 when fenced.
-const RELEASE: &str = r"
-if not held() then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-";
-
-/// Reads a record (no `TIME`: a key that exists is kept). Returns nil, or
-/// `{state, fingerprint, created ms, expires ms, payload length}`.
+/// Reads a record without its payload. Returns nil, or `{head and fingerprint, expire
+/// time ms, payload length}`.
 const INSPECT: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 'f', 'c', 'e')
-if not r[1] then return nil end
-return {r[1], r[2], tonumber(r[3]) or 0, tonumber(r[4]) or 0, redis.call('HSTRLEN', KEYS[1], 'p')}
+local h = redis.call('GETRANGE', KEYS[1], 0, 69)
+if h == '' then return nil end
+local n = tonumber(string.sub(h, 61, 70)) or 0
+return {h .. redis.call('GETRANGE', KEYS[1], 70, 69 + n), redis.call('PEXPIRETIME', KEYS[1]), redis.call('STRLEN', KEYS[1]) - 70 - n}
 ";
+
+/// Bytes before the fingerprint of a record: `P` (in progress) or `C` (completed), the
+/// claim's token (32 hex digits), its retention (13 digits), `L` and its lease or `C`
+/// and its creation time (13 digits), the fingerprint's length (10 digits).
+const HEAD: usize = 70;
 
 /// How many keys one `SCAN` call asks a server to look at.
 const SCAN_COUNT: usize = 1000;
@@ -135,31 +135,60 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 ///
 /// # Layout
 ///
-/// One hash per record at `<prefix>{<record id hex>}` ([`RecordId::to_hex`]): the braces
-/// are a Redis Cluster hash tag, and every script touches exactly one key, so the store
-/// works unchanged on a cluster. Fields: `s` (state: `p` in progress, `c` completed),
-/// `f` (fingerprint), `t` (the owner's token, while in progress), `e` (lease or
-/// retention end, in milliseconds of the Redis clock), `c` (when the current claim was
-/// made, same clock), `r` (the claim's retention in milliseconds, while in progress),
-/// `p` (payload, once completed).
+/// One string value per record at `<prefix>{<record id hex>}` ([`RecordId::to_hex`]):
+/// the braces are a Redis Cluster hash tag, and every command touches exactly one key,
+/// so the store works unchanged on a cluster. The value: the state (`P` in progress,
+/// `C` completed), the claim's token (32 hex digits), the claim's retention in
+/// milliseconds (13 digits), then `L` and the lease (13 digits: the claim was made at
+/// the key's expiry time minus retention minus lease) or `C` and the time of the claim
+/// (milliseconds of the Redis clock; written once the expiry moves), the fingerprint's
+/// length (10 digits), the fingerprint, and once completed the payload.
 ///
 /// Expiry is by TTL: a completed record expires with its retention, an in-progress one
 /// at the end of its lease plus the claim's retention (an abandoned claim is kept that
-/// long so that its owner can still complete it). Records written by a version without
-/// `c` show the Unix epoch as `created`.
+/// long so that its owner can still complete it), so the lease left is the key's `PTTL`
+/// minus that retention. Needs Redis 7.0 or later. (Records of the hash layout of
+/// earlier development versions are not read: a claim on one fails with
+/// [`StoreError::is_corrupt`] (Redis says `WRONGTYPE`); flush them before upgrading.)
 ///
 /// # Costs
 ///
-/// A fresh request takes 2 round trips (claim, complete), a replay 1;
-/// [`Store::inspect`] and [`Store::force_release`] 1. [`Store::list_in_progress`] `SCAN`s
-/// the keys under the prefix (on every primary of a cluster) and reads each record
-/// (pipelined): it costs a read per record the store holds, a tool for operators, not
-/// for the request path.
+/// A fresh request takes 2 round trips (claim: `SET ... NX PX ... GET` and `PTTL`,
+/// pipelined; complete: `EVALSHA`), a replay 1 (the same `SET`, which finds the record,
+/// and `PTTL`); a claim that finds an expired lease 2 (the takeover script after it).
+/// [`Store::inspect`] and [`Store::force_release`] 1. [`Store::list_in_progress`]
+/// `SCAN`s the keys under the prefix (on every primary of a cluster) and reads each
+/// record (pipelined): it costs a read per record the store holds, a tool for
+/// operators, not for the request path. Redis CPU per request, measured with
+/// `INFO commandstats`, is in BENCHMARKS.md (`examples/redis_cpu.rs`).
+///
+/// # Durability across failover
+///
+/// Redis replicates asynchronously: a completion acknowledged by a primary that fails
+/// before its replicas received it is lost, and the retry with that key runs again.
+/// [`RedisStoreBuilder::wait_for_replicas`] makes every completion wait (`WAIT`) until
+/// that many replicas hold it; a completion they do not acknowledge in time fails with
+/// [`StoreError::is_unreplicated`] (it is on the primary, not trusted to survive it).
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    replicas: Option<(usize, Duration)>,
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
+    notifier: std::sync::Arc<Notifier>,
+}
+
+/// The waiters of this store's records ([`Store::watch`]), woken by the messages the
+/// complete and release scripts publish on the record's key as channel name. One
+/// pub/sub connection per store, opened at the first watch, subscribed to the pattern
+/// of every record key (so that no per-record subscription can race a publish), and
+/// opened again at the next watch once it was lost.
+struct Notifier {
+    /// The server the pub/sub connection goes to (the first node of a cluster: a
+    /// publish reaches the subscribers of every node).
+    url: String,
+    settlements: Settlements,
+    listener: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// One server through a reconnecting manager, or a cluster.
@@ -198,7 +227,7 @@ impl ConnectionLike for Conn {
 }
 
 struct Scripts {
-    claim: Script,
+    takeover: Script,
     complete: Script,
     renew: Script,
     release: Script,
@@ -207,19 +236,18 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         Self {
-            claim: with_prelude(CLAIM),
-            complete: with_prelude(COMPLETE),
-            renew: with_prelude(RENEW),
-            release: with_prelude(RELEASE),
+            takeover: Script::new(TAKEOVER),
+            complete: Script::new(COMPLETE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
             inspect: Script::new(INSPECT),
         }
     }
 
     fn all(&self) -> [&Script; 5] {
         [
-            &self.claim,
+            &self.takeover,
             &self.complete,
             &self.renew,
             &self.release,
@@ -238,6 +266,8 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     reconnect_attempts: usize,
+    /// Replicas that must acknowledge a completion, and how long to wait for them.
+    replicas: Option<(usize, Duration)>,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -250,6 +280,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("reconnect_attempts", &self.reconnect_attempts)
+            .field("wait_for_replicas", &self.replicas)
             .finish()
     }
 }
@@ -287,11 +318,51 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Makes every completion wait until `replicas` replicas acknowledge it (Redis
+    /// `WAIT`, pipelined with the completion: no extra round trip), for at most
+    /// `timeout`. A completion that fewer replicas acknowledged in time fails with
+    /// [`StoreError::is_unreplicated`]: it is written on the primary but would be lost
+    /// if the primary failed now, so it is reported instead of trusted (the verifier
+    /// logs it; the response already computed is still sent).
+    ///
+    /// What each setting promises, with Redis's asynchronous replication:
+    ///
+    /// - not set (the default): a completion is acknowledged by the primary alone. If the
+    ///   primary fails over before its replicas received it, the new primary does not
+    ///   know the request completed, and a retry with the key runs it again.
+    /// - `wait_for_replicas(n, timeout)`: a completion that returned `Ok` is held by the
+    ///   primary and at least `n` replicas, so it survives the loss of the primary as
+    ///   long as one of those replicas is promoted (Redis Sentinel and Cluster promote
+    ///   the most up-to-date replica). `WAIT` does not make Redis strongly consistent: a
+    ///   replica that acknowledged in memory and then lost power with the primary still
+    ///   loses it, unless the replicas keep an append-only file.
+    ///
+    /// Claims are not waited for: a claim lost in a failover only lets a retry run
+    /// while the first attempt still runs, whose completion is then fenced.
+    ///
+    /// ```no_run
+    /// use idemkey::store::RedisStore;
+    /// use std::time::Duration;
+    /// # async fn demo() -> Result<(), idemkey::store::StoreError> {
+    /// let store = RedisStore::builder("redis://10.0.0.1:6379")
+    ///     .wait_for_replicas(1, Duration::from_millis(500))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
     /// Connects and loads the scripts.
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the URL is invalid or Redis cannot be reached.
+    /// [`StoreError::is_configuration`] when the URL is invalid or Redis refuses its
+    /// password, user or database number; [`StoreError::is_unavailable`] when Redis
+    /// cannot be reached (the message names the host and port tried).
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let mut conn = if self.cluster {
             let client = ClusterClient::builder(self.urls.iter().map(String::as_str))
@@ -308,7 +379,13 @@ impl RedisStoreBuilder {
             )
         } else {
             let url = self.urls.first().map_or("", String::as_str);
-            let client = Client::open(url).map_err(|e| unavailable("reading the URL", e))?;
+            let client = Client::open(url).map_err(|e| {
+                StoreError::configuration_from(
+                    format!("Redis: the URL {url:?} is invalid ({e})"),
+                    e,
+                )
+            })?;
+            let at = client.get_connection_info().addr().to_string();
             let config = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(self.response_timeout))
                 .set_connection_timeout(Some(self.connection_timeout))
@@ -318,7 +395,7 @@ impl RedisStoreBuilder {
             Conn::Single(
                 ConnectionManager::new_with_config(client, config)
                     .await
-                    .map_err(|e| unavailable("connecting", e))?,
+                    .map_err(|e| connect_failed(&at, e))?,
             )
         };
         let scripts = Scripts::new();
@@ -331,8 +408,14 @@ impl RedisStoreBuilder {
         }
         Ok(RedisStore {
             conn,
+            replicas: self.replicas,
             prefix: self.prefix,
             scripts: std::sync::Arc::new(scripts),
+            notifier: std::sync::Arc::new(Notifier {
+                url: self.urls.first().cloned().unwrap_or_default(),
+                settlements: Settlements::default(),
+                listener: tokio::sync::Mutex::new(None),
+            }),
         })
     }
 }
@@ -349,6 +432,7 @@ impl RedisStore {
             response_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(1),
             reconnect_attempts: 1,
+            replicas: None,
         }
     }
 
@@ -402,6 +486,52 @@ impl RedisStore {
         }
         p.push_str("{*}");
         p
+    }
+
+    /// The record id of a key of this store (`<prefix>{<64 hex digits>}`).
+    fn id_of(&self, key: &str) -> Option<RecordId> {
+        id_of(&self.prefix, key)
+    }
+
+    /// Starts the pub/sub listener unless it runs; returns once it is subscribed.
+    async fn listen(&self) -> Result<(), StoreError> {
+        let mut listener = self.notifier.listener.lock().await;
+        if listener.as_ref().is_some_and(|l| !l.is_finished()) {
+            return Ok(());
+        }
+        let client = Client::open(self.notifier.url.as_str())
+            .map_err(|e| unavailable("reading the URL (pub/sub)", e))?;
+        let mut pubsub = client
+            .get_async_pubsub()
+            .await
+            .map_err(|e| unavailable("connecting for pub/sub", e))?;
+        pubsub
+            .psubscribe(self.pattern())
+            .await
+            .map_err(|e| unavailable("subscribing to settled records", e))?;
+        // Not the store itself: the listener must not keep it (and so itself) alive;
+        // the notifier's drop ends it.
+        let (prefix, notifier) = (
+            self.prefix.clone(),
+            std::sync::Arc::downgrade(&self.notifier),
+        );
+        *listener = Some(tokio::spawn(async move {
+            let mut messages = pubsub.into_on_message();
+            while let Some(msg) = messages.next().await {
+                let Some(notifier) = notifier.upgrade() else {
+                    return;
+                };
+                if let Some(id) = id_of(&prefix, msg.get_channel_name()) {
+                    notifier.settlements.notify(&id);
+                }
+            }
+            tracing::debug!(
+                "the Redis pub/sub connection of the store's waiters closed; the next watch opens it again"
+            );
+            // Whoever still waits looks again at its own time (the lease end at the
+            // latest).
+        }));
+        Ok(())
     }
 
     /// Every key under the prefix (each once), by `SCAN` on the server or on every
@@ -502,11 +632,80 @@ impl RedisStore {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| unavailable(what, e))?;
-        if written == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::fenced())
+        fenced_unless(written == 1)
+    }
+
+    /// The completion script and `WAIT` in one pipeline (one round trip, on the node of
+    /// the record: `WAIT` counts the replicas holding this connection's writes).
+    async fn complete_and_wait(
+        &self,
+        id: &RecordId,
+        args: &[&[u8]],
+        (replicas, timeout): (usize, Duration),
+    ) -> Result<(), StoreError> {
+        let key = self.key(id);
+        let mut invocation = self.scripts.complete.key(&key);
+        for arg in args {
+            invocation.arg(*arg);
         }
+        let mut pipe = ::redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(
+                u64::try_from(timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            );
+        let mut conn = self.conn.clone();
+        let mut reply = pipe.query_async::<(i64, i64)>(&mut conn).await;
+        if matches!(&reply, Err(e) if e.code() == Some("NOSCRIPT")) {
+            // The server restarted since the store connected: load the script, once.
+            self.scripts
+                .complete
+                .prepare_invoke()
+                .key(&key)
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| unavailable("loading the Lua scripts", e))?;
+            reply = pipe.query_async(&mut conn).await;
+        }
+        let (written, acked) =
+            reply.map_err(|e| unavailable("completing a record (and WAIT)", e))?;
+        fenced_unless(written == 1)?;
+        let acked = usize::try_from(acked).unwrap_or(0);
+        if acked < replicas {
+            return Err(StoreError::unreplicated(acked, replicas, timeout));
+        }
+        Ok(())
+    }
+}
+
+fn fenced_unless(written: bool) -> Result<(), StoreError> {
+    if written {
+        Ok(())
+    } else {
+        Err(StoreError::fenced())
+    }
+}
+
+/// A failed connection to the Redis at `at` (host:port): a configuration error when
+/// Redis answered the connection's setup with a refusal (a wrong password or user, a
+/// database number out of range) or the client's settings are invalid; otherwise
+/// unavailable, naming the address tried.
+fn connect_failed(at: &str, e: RedisError) -> StoreError {
+    match e.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig | ErrorKind::Server(_) => {
+            StoreError::configuration_from(
+                format!(
+                    "Redis at {at} refused the connection's setup ({e}); check the password, \
+                     user and database number in the URL (a database is 0 to one less than \
+                     the server's `databases` setting, 16 by default)"
+                ),
+                e,
+            )
+        }
+        _ => StoreError::unavailable(format!("Redis: connecting to {at} failed ({e})"), e),
     }
 }
 
@@ -514,79 +713,182 @@ fn unavailable(what: &str, e: RedisError) -> StoreError {
     StoreError::unavailable(format!("Redis: {what} failed ({e})"), e)
 }
 
-/// A lease or retention in milliseconds, "forever" held to 100 years: Lua numbers are
-/// doubles, and the scripts' times (now + lease + retention) must stay exact integers
-/// that Redis parses back (a `Duration::MAX` would come out as `4.6e+18`).
-fn millis(d: Duration) -> Vec<u8> {
-    clamp_forever(d).as_millis().to_string().into_bytes()
+/// A lease or retention in milliseconds, "forever" held to 100 years (13 decimal
+/// digits, the width of the record's fields; Lua numbers stay exact integers).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(clamp_forever(d).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One record as stored (the layout of [`RedisStore`]).
+struct Record {
+    completed: bool,
+    retention: u64,
+    /// `Err(lease)` while the claim's time is derived from the key's expiry.
+    created: Result<u64, u64>,
+    fingerprint: Bytes,
+    /// What follows the fingerprint: the payload of a completed record read whole.
+    payload: Bytes,
+}
+
+/// The value of a new in-progress record.
+fn progress_value(req: &ClaimRequest<'_>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEAD + req.fingerprint.len());
+    v.extend_from_slice(
+        format!(
+            "P{}{:013}L{:013}{:010}",
+            req.token.to_hex(),
+            millis(req.retention),
+            millis(req.lease),
+            req.fingerprint.len()
+        )
+        .as_bytes(),
+    );
+    v.extend_from_slice(req.fingerprint);
+    v
+}
+
+/// `P` and the token: the head of the record the token holds.
+fn holder(token: FencingToken) -> String {
+    format!("P{}", token.to_hex())
+}
+
+fn corrupt_record() -> StoreError {
+    StoreError::corrupt(
+        "a Redis record has an unexpected layout (written by another program, or by the hash layout of an earlier version)",
+    )
+}
+
+fn number(v: &[u8]) -> Result<u64, StoreError> {
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(corrupt_record)
+}
+
+fn decode_record(bytes: &Bytes) -> Result<Record, StoreError> {
+    if bytes.len() < HEAD {
+        return Err(corrupt_record());
+    }
+    let completed = match bytes[0] {
+        b'P' => false,
+        b'C' => true,
+        _ => return Err(corrupt_record()),
+    };
+    let at = number(&bytes[47..60])?;
+    let created = match bytes[46] {
+        b'L' => Err(at),
+        b'C' => Ok(at),
+        _ => return Err(corrupt_record()),
+    };
+    let len = usize::try_from(number(&bytes[60..HEAD])?).map_err(|_| corrupt_record())?;
+    let end = HEAD
+        .checked_add(len)
+        .filter(|end| *end <= bytes.len())
+        .ok_or_else(corrupt_record)?;
+    Ok(Record {
+        completed,
+        retention: number(&bytes[33..46])?,
+        created,
+        fingerprint: bytes.slice(HEAD..end),
+        payload: bytes.slice(end..),
+    })
+}
+
+fn bulk(v: Option<Value>) -> Result<Bytes, StoreError> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(Bytes::from(b)),
+        _ => Err(corrupt_record()),
+    }
 }
 
 /// Reads the reply of the inspect script for record `id`.
 fn decode_info(v: Value, id: RecordId) -> Result<Option<RecordInfo>, StoreError> {
     let bad = || StoreError::corrupt("Redis inspect script returned an unexpected reply");
-    let items = match v {
+    let mut items = match v {
         Value::Nil => return Ok(None),
-        Value::Array(items) => items,
+        Value::Array(items) => items.into_iter(),
         _ => return Err(bad()),
     };
-    let int = |v: Option<&Value>| match v {
-        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+    let head = bulk(items.next())?;
+    let mut int = || match items.next() {
+        Some(Value::Int(n)) => Ok(u64::try_from(n).unwrap_or(0)),
         _ => Err(bad()),
     };
+    let (expire_at, payload_len) = (int()?, int()?);
     let time = |ms: u64| {
         SystemTime::UNIX_EPOCH
             .checked_add(Duration::from_millis(ms))
             .unwrap_or(SystemTime::UNIX_EPOCH)
     };
-    let (state, payload_len) = match items.first() {
-        Some(Value::BulkString(s)) if s == b"p" => (RecordState::InProgress, None),
-        Some(Value::BulkString(s)) if s == b"c" => {
-            (RecordState::Completed, Some(int(items.get(4))?))
-        }
-        _ => return Err(bad()),
+    let record = decode_record(&head)?;
+    let (state, expires, payload_len) = if record.completed {
+        (RecordState::Completed, expire_at, Some(payload_len))
+    } else {
+        (
+            RecordState::InProgress,
+            expire_at.saturating_sub(record.retention),
+            None,
+        )
     };
+    // A derived creation time: before any renewal, the lease ends at the key's expiry
+    // minus the retention.
+    let lease_end = expire_at.saturating_sub(record.retention);
+    let created = record
+        .created
+        .unwrap_or_else(|lease| lease_end.saturating_sub(lease));
     Ok(Some(RecordInfo {
         id,
         state,
-        fingerprint: field(items.get(1)).ok_or_else(bad)?,
-        created: time(int(items.get(2))?),
-        expires: time(int(items.get(3))?),
+        fingerprint: record.fingerprint,
+        created: time(created),
+        expires: time(expires),
         payload_len,
     }))
 }
 
-/// A field's bytes; a field stored as an empty string may come back as nil through Lua.
-fn field(v: Option<&Value>) -> Option<Bytes> {
-    match v {
-        Some(Value::BulkString(b)) => Some(Bytes::copy_from_slice(b)),
-        Some(Value::Nil) => Some(Bytes::new()),
-        _ => None,
+/// What a claim found: the record (or nothing, when it wrote its own) and the key's
+/// `PTTL` at that moment. `None` for an expired lease (or a key gone since).
+fn decode_found(found: Option<Bytes>, pttl: i64) -> Result<Option<Claim>, StoreError> {
+    let Some(found) = found else {
+        return Ok(Some(Claim::Acquired { takeover: false }));
+    };
+    let record = decode_record(&found)?;
+    if record.completed {
+        return Ok(Some(Claim::Completed {
+            fingerprint: record.fingerprint,
+            payload: record.payload,
+        }));
     }
+    let left = u64::try_from(pttl)
+        .unwrap_or(0)
+        .saturating_sub(record.retention);
+    Ok((left > 0).then(|| Claim::InProgress {
+        fingerprint: record.fingerprint,
+        lease_remaining: Duration::from_millis(left),
+    }))
 }
 
-fn decode_claim(v: Value) -> Result<Claim, StoreError> {
-    let bad = || StoreError::corrupt("Redis claim script returned an unexpected reply");
+fn decode_takeover(v: Value) -> Result<Claim, StoreError> {
+    let bad = || StoreError::corrupt("Redis takeover script returned an unexpected reply");
     let Value::Array(items) = v else {
         return Err(bad());
     };
-    let bytes = |v: Option<&Value>| field(v).ok_or_else(bad);
-    match items.first() {
+    let mut items = items.into_iter();
+    match items.next() {
         Some(Value::Int(1)) => Ok(Claim::Acquired {
-            takeover: matches!(items.get(1), Some(Value::Int(1))),
+            takeover: matches!(items.next(), Some(Value::Int(1))),
         }),
+        Some(Value::Int(3)) => decode_found(Some(bulk(items.next())?), 0)?.ok_or_else(bad),
         Some(Value::Int(2)) => {
-            let Some(Value::Int(ms)) = items.get(2) else {
+            let record = decode_record(&bulk(items.next())?)?;
+            let Some(Value::Int(left)) = items.next() else {
                 return Err(bad());
             };
             Ok(Claim::InProgress {
-                fingerprint: bytes(items.get(1))?,
-                lease_remaining: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+                fingerprint: record.fingerprint,
+                lease_remaining: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
             })
         }
-        Some(Value::Int(3)) => Ok(Claim::Completed {
-            fingerprint: bytes(items.get(1))?,
-            payload: bytes(items.get(2))?,
-        }),
         _ => Err(bad()),
     }
 }
@@ -598,18 +900,45 @@ impl Store for RedisStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let key = self.key(req.id);
+        let value = progress_value(&req);
+        let ttl = millis(req.lease)
+            .saturating_add(millis(req.retention))
+            .max(1);
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("SET")
+            .arg(&key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl)
+            .arg("GET")
+            .cmd("PTTL")
+            .arg(&key);
+        let (found, pttl): (Option<Vec<u8>>, i64) = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| {
+                // A pipeline wraps the server's error: its code is in the message.
+                if e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE") {
+                    corrupt_record()
+                } else {
+                    unavailable("claiming a record", e)
+                }
+            })?;
+        if let Some(claim) = decode_found(found.map(Bytes::from), pttl)? {
+            return Ok(claim);
+        }
         let reply: Value = self
             .scripts
-            .claim
-            .key(self.key(req.id))
-            .arg(req.fingerprint)
-            .arg(req.token.to_hex())
-            .arg(millis(req.lease))
-            .arg(millis(req.retention))
+            .takeover
+            .key(key)
+            .arg(value)
+            .arg(ttl)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(|e| unavailable("claiming a record", e))?;
-        decode_claim(reply)
+            .map_err(|e| unavailable("taking over an expired claim", e))?;
+        decode_takeover(reply)
     }
 
     async fn complete(
@@ -619,10 +948,16 @@ impl Store for RedisStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let token = token.to_hex();
-        let args: [&[u8]; 3] = [token.as_bytes(), &payload, &millis(retention)];
-        self.fenced_write("completing a record", &self.scripts.complete, id, &args)
-            .await
+        let token = holder(token);
+        let retention = millis(retention).max(1).to_string();
+        let args: [&[u8]; 3] = [token.as_bytes(), &payload, retention.as_bytes()];
+        match self.replicas {
+            Some(wait) => self.complete_and_wait(id, &args, wait).await,
+            None => {
+                self.fenced_write("completing a record", &self.scripts.complete, id, &args)
+                    .await
+            }
+        }
     }
 
     async fn renew(
@@ -631,14 +966,15 @@ impl Store for RedisStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let token = token.to_hex();
-        let args: [&[u8]; 2] = [token.as_bytes(), &millis(lease)];
+        let token = holder(token);
+        let lease = millis(lease).to_string();
+        let args: [&[u8]; 2] = [token.as_bytes(), lease.as_bytes()];
         self.fenced_write("renewing a lease", &self.scripts.renew, id, &args)
             .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        let token = token.to_hex();
+        let token = holder(token);
         self.fenced_write(
             "releasing a record",
             &self.scripts.release,
@@ -662,13 +998,10 @@ impl Store for RedisStore {
     }
 
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
-        let prefix = self.prefix.len();
         let records = self.scan_keys().await?.into_iter().filter_map(|key| {
             // `<prefix>{<64 hex digits>}`: anything else under the prefix is not ours.
-            let hex = key.get(prefix + 1..key.len().checked_sub(1)?)?;
-            let mut id = [0_u8; 32];
-            hex::decode_to_slice(hex, &mut id).ok()?;
-            Some((key, RecordId::from_bytes(id)))
+            let id = self.id_of(&key)?;
+            Some((key, id))
         });
         let read: Vec<Option<RecordInfo>> = futures_util::stream::iter(records)
             .map(|(key, id)| self.read(key, id))
@@ -684,6 +1017,33 @@ impl Store for RedisStore {
         found.truncate(limit);
         Ok(found)
     }
+
+    /// Woken by the message the complete and release scripts publish (pub/sub on one
+    /// connection per store, subscribed to the pattern of the store's keys: each
+    /// instance that has waiters receives a message per completed or released record).
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        // Armed before the listener is known to be subscribed: a message that arrives
+        // once it is reaches this watch.
+        let watch = self.notifier.settlements.subscribe(id);
+        self.listen().await?;
+        Ok(Box::new(watch))
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.abort();
+        }
+    }
+}
+
+/// The record id of a key under `prefix` (`<prefix>{<64 hex digits>}`).
+fn id_of(prefix: &str, key: &str) -> Option<RecordId> {
+    let hex = key.get(prefix.len() + 1..key.len().checked_sub(1)?)?;
+    let mut id = [0_u8; 32];
+    hex::decode_to_slice(hex, &mut id).ok()?;
+    Some(RecordId::from_bytes(id))
 }
 
 impl std::fmt::Debug for RedisStore {

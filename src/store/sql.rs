@@ -39,10 +39,10 @@ impl TableName {
                 && !p.as_bytes()[0].is_ascii_digit()
         };
         if parts.len() > 2 || !parts.iter().all(valid) {
-            return Err(StoreError::unavailable(
-                format!("invalid table name {name:?}"),
-                "use letters, digits and '_' (optionally 'schema.table')",
-            ));
+            return Err(StoreError::configuration(format!(
+                "invalid table name {name:?}: use letters, digits and '_' (optionally \
+                 'schema.table')"
+            )));
         }
         Ok(Self {
             quoted: parts
@@ -219,7 +219,59 @@ pub(crate) fn sql(s: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
 
 /// A failed database call: the store is unavailable.
 pub(crate) fn unavailable(what: &str, e: sqlx::Error) -> StoreError {
-    StoreError::unavailable(format!("{what} failed ({e})"), e)
+    StoreError::unavailable(format!("{what} failed ({})", describe(&e)), e)
+}
+
+/// What a driver error says, without the driver's internals: a database's own error is
+/// its message and code (not PostgreSQL's "at line N" of its C source).
+pub(crate) fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => match d.code() {
+            Some(code) => format!("{} [code {code}]", d.message()),
+            None => d.message().to_owned(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// A failed connection to the database server `db` (PostgreSQL, MySQL) at `at`
+/// (host:port): a configuration error when the server answered and refused what the URL
+/// asks for (no such database, an unknown user, a wrong password) or the URL is
+/// invalid; otherwise unavailable, naming the address tried.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn connect_failed(db: &str, at: &str, e: sqlx::Error) -> StoreError {
+    /// Errors of the server's answer to a connection that retrying will not change:
+    // PostgreSQL's SQLSTATE 3D000 (no such database), 28000 (no such role, or no
+    // pg_hba.conf entry), 28P01 (wrong password); MySQL's and MariaDB's error numbers
+    // 1044 and 1045 (access denied), 1049 (unknown database), 1698 (access denied to a
+    // socket user).
+    const SQLSTATES: [&str; 3] = ["3D000", "28000", "28P01"];
+    const MYSQL_ERRORS: [u16; 4] = [1044, 1045, 1049, 1698];
+    let refused = |d: &dyn sqlx::error::DatabaseError| {
+        #[cfg(feature = "mysql")]
+        if let Some(m) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+            return MYSQL_ERRORS.contains(&m.number());
+        }
+        let _ = MYSQL_ERRORS;
+        d.code().is_some_and(|c| SQLSTATES.contains(&&*c))
+    };
+    match &e {
+        sqlx::Error::Configuration(_) => {
+            StoreError::configuration_from(format!("{db}: the URL is invalid ({e})"), e)
+        }
+        sqlx::Error::Database(d) if refused(&**d) => StoreError::configuration_from(
+            format!(
+                "{db} at {at} refused the connection: {}; check the database name, user \
+                     and password in the URL",
+                d.message()
+            ),
+            e,
+        ),
+        _ => StoreError::unavailable(
+            format!("{db}: connecting to {at} failed ({})", describe(&e)),
+            e,
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -34,10 +34,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use sqlx::sqlite::SqliteSynchronous;
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 
+use super::inbox::{self, DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
     unavailable,
@@ -45,6 +49,9 @@ use super::sql::{
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
 };
+use crate::IdempotencyKey;
+use crate::fingerprint::Fingerprint;
+use crate::server::{OnceError, Settled};
 
 /// A durable store in one SQLite file, for a single node.
 ///
@@ -81,6 +88,7 @@ pub struct SqliteStore {
     readers: SqlitePool,
     path: PathBuf,
     sql: Arc<Statements>,
+    inbox_retention: Duration,
 }
 
 struct Statements {
@@ -93,6 +101,7 @@ struct Statements {
     inspect: Arc<str>,
     force_release: Arc<str>,
     list_in_progress: Arc<str>,
+    inbox_record: Arc<str>,
 }
 
 impl Statements {
@@ -143,6 +152,7 @@ RETURNING coalesce(token = $4, 0) AS won, taken_over, fingerprint, payload,
 ORDER BY created LIMIT $2"
             )
             .into(),
+            inbox_record: format!("UPDATE {t} SET payload = $2, token = NULL WHERE id = $1").into(),
         }
     }
 }
@@ -154,6 +164,7 @@ pub struct SqliteStoreBuilder {
     table: String,
     max_connections: u32,
     busy_timeout: Duration,
+    inbox_retention: Duration,
 }
 
 impl SqliteStoreBuilder {
@@ -180,19 +191,48 @@ impl SqliteStoreBuilder {
         self
     }
 
+    /// How long [`SqliteStore::once_in`] keeps a processed message's record (default
+    /// 7 days): a redelivery within it is recognised; one after it runs again.
+    #[must_use]
+    pub fn inbox_retention(mut self, retention: Duration) -> Self {
+        self.inbox_retention = retention;
+        self
+    }
+
     /// Opens (creating the file if needed) and creates the schema if missing.
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the table name is invalid or the file cannot
-    /// be opened or written.
+    /// [`StoreError::is_configuration`] when the table name is invalid or the file's
+    /// directory does not exist; [`StoreError::is_unavailable`] when the file cannot be
+    /// opened or written.
+    ///
+    /// The path `:memory:` opens one in-memory database on a single connection (for
+    /// tests: records are lost when the store is dropped; [`MemoryStore`] is faster).
+    ///
+    /// [`MemoryStore`]: crate::store::MemoryStore
     pub async fn open(self) -> Result<SqliteStore, StoreError> {
         let table = TableName::parse(&self.table)?;
         if table.quoted().contains('.') {
-            return Err(StoreError::unavailable(
-                format!("invalid SQLite table name {:?}", self.table),
-                "name the table without a schema",
-            ));
+            return Err(StoreError::configuration(format!(
+                "invalid SQLite table name {:?}: name the table without a schema",
+                self.table
+            )));
+        }
+        // `:memory:` on each of several connections would be several empty databases:
+        // one connection holds the one database, kept open for the store's life.
+        let in_memory = self.path.as_os_str() == ":memory:";
+        if !in_memory {
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(StoreError::configuration(format!(
+                        "SQLite: the directory {} of {} does not exist; create it, or \
+                         choose a file in an existing directory",
+                        dir.display(),
+                        self.path.display()
+                    )));
+                }
+            }
         }
         let options = SqliteConnectOptions::new()
             .filename(&self.path)
@@ -201,20 +241,33 @@ impl SqliteStoreBuilder {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(self.busy_timeout);
         let pool = |n: u32| {
-            SqlitePoolOptions::new()
+            let pool = SqlitePoolOptions::new()
                 .max_connections(n)
-                .acquire_timeout(self.busy_timeout)
-                .connect_with(options.clone())
+                .acquire_timeout(self.busy_timeout);
+            let pool = if in_memory {
+                // Closing the connection would drop the database.
+                pool.min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+            } else {
+                pool
+            };
+            pool.connect_with(options.clone())
         };
         let opening = |e| unavailable(&format!("SQLite: opening {}", self.path.display()), e);
         let writer = pool(1).await.map_err(opening)?;
         migrate(&writer, &table).await?;
-        let readers = pool(self.max_connections.max(1)).await.map_err(opening)?;
+        let readers = if in_memory {
+            writer.clone()
+        } else {
+            pool(self.max_connections.max(1)).await.map_err(opening)?
+        };
         Ok(SqliteStore {
             writer,
             readers,
             path: self.path,
             sql: Arc::new(Statements::new(table.quoted())),
+            inbox_retention: self.inbox_retention,
         })
     }
 }
@@ -228,6 +281,7 @@ impl SqliteStore {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 4,
             busy_timeout: Duration::from_secs(5),
+            inbox_retention: DEFAULT_INBOX_RETENTION,
         }
     }
 
@@ -251,6 +305,114 @@ impl SqliteStore {
     pub async fn close(&self) {
         self.readers.close().await;
         self.writer.close().await;
+    }
+}
+
+impl SqliteStore {
+    /// The transactional inbox: runs `f` at most once per (`scope`, `key`,
+    /// `fingerprint`) inside the caller's transaction on a connection of their own to
+    /// this store's file, and records its value in that same transaction: the claim,
+    /// `f`'s writes and the result commit together or not at all. Later calls with the
+    /// same three get the recorded value back ([`Settled::is_replayed`]).
+    ///
+    /// The semantics are those of
+    /// [`PostgresStore::once_in`](crate::store::PostgresStore::once_in) (savepoint,
+    /// replay, errors), with SQLite's locking: the claim is the transaction's first
+    /// write and takes the database's write lock, so a concurrent duplicate on another
+    /// connection **waits** (up to its connection's busy timeout) until the first
+    /// transaction ends, then replays its result or, after a rollback, runs `f` itself.
+    /// Begin the transaction with `BEGIN IMMEDIATE` (`conn.begin_with("BEGIN
+    /// IMMEDIATE")`) when it reads before `once_in`: a deferred transaction whose read
+    /// snapshot is older than a concurrent commit cannot upgrade to a write and fails
+    /// with `SQLITE_BUSY` ([`OnceError::is_store_unavailable`]).
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::store::SqliteStore;
+    /// use sqlx::Connection;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("idemkey-inbox-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let store = SqliteStore::open(dir.join("app.db")).await?;
+    /// let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", store.path().display())).await?;
+    /// sqlx::raw_sql("CREATE TABLE IF NOT EXISTS shipments (msg TEXT)").execute(&mut conn).await?;
+    ///
+    /// let key = IdempotencyKey::new("msg-0001")?;
+    /// let fp = Fingerprint::of_bytes(b"ship order 42");
+    /// for _delivery in 0..2 {
+    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    ///     store
+    ///         .once_in(&mut *tx, "orders", &key, &fp, async |c| {
+    ///             sqlx::query("INSERT INTO shipments VALUES ('msg-0001')").execute(&mut *c).await?;
+    ///             Ok::<_, sqlx::Error>(())
+    ///         })
+    ///         .await?;
+    ///     tx.commit().await?;
+    /// }
+    /// let shipped: i64 = sqlx::query_scalar("SELECT count(*) FROM shipments").fetch_one(&mut conn).await?;
+    /// assert_eq!(shipped, 1);
+    /// # drop(conn); store.close().await; std::fs::remove_dir_all(&dir).ok();
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`PostgresStore::once_in`](crate::store::PostgresStore::once_in).
+    pub async fn once_in<T, E, F>(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        f: F,
+    ) -> Result<Settled<T>, OnceError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: AsyncFnOnce(&mut SqliteConnection) -> Result<T, E>,
+    {
+        inbox::once_in(self, conn, scope, key, fingerprint, f).await
+    }
+}
+
+impl InboxSql for SqliteStore {
+    type Db = Sqlite;
+    type Conn = SqliteConnection;
+
+    /// The store's own claim statement, on the caller's connection, with the
+    /// retention as the lease: it takes over an expired row and returns a live one
+    /// unchanged. The row stays invisible to others until the transaction commits
+    /// (with its result), so nobody sees it in progress.
+    async fn claim(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        fingerprint: &[u8],
+    ) -> Result<Claim, StoreError> {
+        let row = sqlx::query(sql(&self.sql.claim))
+            .bind(now_ms())
+            .bind(id.as_bytes().to_vec())
+            .bind(fingerprint.to_vec())
+            .bind(FencingToken::random().to_bytes().to_vec())
+            .bind(millis(self.inbox_retention))
+            .bind(0_i64)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| unavailable("SQLite: the inbox claiming a record", e))?;
+        decode_claim(&row, Duration::from_millis)
+    }
+
+    async fn record(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(sql(&self.sql.inbox_record))
+            .bind(id.as_bytes().to_vec())
+            .bind(payload.to_vec())
+            .execute(&mut *conn)
+            .await
+            .map(|r| r.rows_affected());
+        fenced("SQLite: the inbox recording a result", done)
     }
 }
 

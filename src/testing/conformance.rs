@@ -17,6 +17,25 @@
 //! Each check is also public on its own, so a failing one can be run alone. A check
 //! panics with a message naming the broken contract point, as a test assertion does.
 //!
+//! # Vectors
+//!
+//! The vectors that idemkit's backend conformance suite checks (`idemkit.conformance`,
+//! Python), each here too: atomic claim ([`claim_is_atomic`]), a duplicate claim
+//! returning the live record ([`claim_returns_the_live_record`]), wrong-token fencing
+//! of complete, renew and release ([`writes_are_fenced_by_token`]), release
+//! ([`release_makes_the_record_claimable`]), lease reclaim and the reclaimed owner
+//! fenced ([`takeover_after_lease_expiry`], [`concurrent_takeover_is_atomic`]), renew
+//! extending a lease ([`renew_extends_the_lease`]) and renew of a fenced owner
+//! ([`renew_of_a_fenced_owner_changes_nothing`]), TTL expiry of an abandoned claim
+//! ([`abandoned_claim_is_kept_for_its_retention`]) and of a completed record
+//! ([`retention_expiry`]), an oversize payload ([`large_payload_round_trips`]) and a
+//! concurrent claim storm ([`claim_storm_over_many_records`]). And regressions of bugs
+//! users hit in other libraries: a rejected duplicate never frees the live claim it does
+//! not own ([`rejected_duplicate_never_frees_the_live_claim`]); cleanup addresses records
+//! by their hashed id, never the raw key ([`cleanup_addresses_records_by_hashed_id`]);
+//! a sweep racing a completion never makes a settled key answer "in progress" or run
+//! again ([`sweep_racing_completions_keeps_them_settled`]).
+//!
 //! # Time
 //!
 //! Lease and retention expiry are checked against real time, because a real store keeps
@@ -51,6 +70,13 @@ use crate::store::{
 
 /// How many claims [`claim_is_atomic`] fires at one record at once.
 pub const CONCURRENT_CLAIMS: usize = 300;
+/// How many records [`claim_storm_over_many_records`] claims at once.
+pub const STORM_RECORDS: usize = 24;
+/// How many claims [`claim_storm_over_many_records`] fires at each of its records.
+pub const STORM_CLAIMS: usize = 12;
+/// How many abandoned claims [`sweep_racing_completions_keeps_them_settled`] completes
+/// while sweeps run.
+pub const RACING_COMPLETIONS: usize = 40;
 /// The size of the payload [`large_payload_round_trips`] stores.
 pub const LARGE_PAYLOAD: usize = 6 * 1024 * 1024;
 /// How far the store's clock may be from this machine's in the checks of reported times.
@@ -111,6 +137,11 @@ where
     large_payload_round_trips(&store().await).await;
     scopes_are_isolated(&store().await).await;
     huge_durations_mean_forever(&store().await).await;
+    renew_of_a_fenced_owner_changes_nothing(&store().await).await;
+    claim_storm_over_many_records(&store().await).await;
+    rejected_duplicate_never_frees_the_live_claim(&store().await).await;
+    cleanup_addresses_records_by_hashed_id(&store().await).await;
+    sweep_racing_completions_keeps_them_settled(&store().await).await;
 }
 
 /// A claim that finds a live record returns it in the same call: the owner's fingerprint
@@ -257,32 +288,23 @@ pub async fn takeover_after_lease_expiry(store: &Arc<dyn Store>) {
     );
 
     let fresh = FencingToken::random();
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let before = Instant::now();
-        match claim(store, &id, b"fresh", fresh, LONG).await {
-            Claim::Acquired { takeover } => {
-                assert!(
-                    takeover,
-                    "a claim over an expired lease must report takeover: true"
-                );
-                assert!(
-                    Instant::now() - started + CLOCK_RESOLUTION >= SHORT,
-                    "the lease was taken over before it could have expired"
-                );
-                break;
-            }
-            Claim::InProgress { fingerprint, .. } => {
-                assert_eq!(fingerprint, b"stale".as_slice(), "in progress by the owner");
-                assert!(
-                    before < deadline,
-                    "a lease of {SHORT:?} was still live after {DEADLINE:?}: expiry is broken"
-                );
-            }
-            other => panic!("an in-progress record cannot be {other:?}"),
-        }
-        sleep(POLL).await;
-    }
+    let (at, takeover) = take_over(
+        store,
+        &id,
+        (b"fresh", fresh, LONG),
+        b"stale",
+        Instant::now() + DEADLINE,
+        &format!("a lease of {SHORT:?} was still live after {DEADLINE:?}: expiry is broken"),
+    )
+    .await;
+    assert!(
+        takeover,
+        "a claim over an expired lease must report takeover: true"
+    );
+    assert!(
+        at - started + CLOCK_RESOLUTION >= SHORT,
+        "the lease was taken over before it could have expired"
+    );
 
     expect_all_fenced(store, &id, stale, "by the owner whose lease was taken over").await;
     expect_in_progress(
@@ -1012,6 +1034,373 @@ pub async fn huge_durations_mean_forever(store: &Arc<dyn Store>) {
         &payload,
         "a record kept for Duration::MAX",
     );
+}
+
+/// Renew by an owner whose lease was taken over is fenced and changes nothing: in
+/// particular it does not extend the new owner's lease, which still ends on time (the
+/// next claim takes it over), and it does not give the record back to the fenced owner.
+pub async fn renew_of_a_fenced_owner_changes_nothing(store: &Arc<dyn Store>) {
+    let id = fresh_id();
+    let stale = FencingToken::random();
+    expect_acquired(
+        claim(store, &id, b"stale", stale, SHORT).await,
+        false,
+        "claim",
+    );
+    let fresh = FencingToken::random();
+    let (taken, _) = take_over(
+        store,
+        &id,
+        (b"fresh", fresh, SHORT),
+        b"stale",
+        Instant::now() + DEADLINE,
+        &format!("a lease of {SHORT:?} was still live after {DEADLINE:?}: expiry is broken"),
+    )
+    .await;
+    store.renew(&id, stale, LONG).await.map_or_else(
+        |e| expect_fenced_error(&e, "renew by an owner whose lease was taken over"),
+        |()| panic!("renew by an owner whose lease was taken over must be fenced"),
+    );
+    expect_in_progress(
+        claim(store, &id, b"x", FencingToken::random(), LONG).await,
+        b"fresh",
+        "the new owner's record after the fenced owner's renew",
+    );
+    // The new owner's lease of SHORT must end on time: the fenced renew did not move it.
+    let next = FencingToken::random();
+    let (_, takeover) = take_over(
+        store,
+        &id,
+        (b"next", next, LONG),
+        b"fresh",
+        taken + SHORT + DEADLINE,
+        &format!(
+            "the new owner's lease of {SHORT:?} was still live {DEADLINE:?} after it should \
+             have ended: the fenced owner's renew extended it"
+        ),
+    )
+    .await;
+    assert!(takeover, "taking over the new owner's expired lease");
+    expect_all_fenced(
+        store,
+        &id,
+        stale,
+        "by the first fenced owner, after a second takeover",
+    )
+    .await;
+    complete(store, &id, next, Bytes::from_static(b"third"), LONG).await;
+}
+
+/// [`STORM_RECORDS`] records, [`STORM_CLAIMS`] claims on each, all fired at once and
+/// interleaved: exactly one claim wins each record, every other sees its own record's
+/// winner in progress (never another record's); once the winners completed (at once,
+/// concurrently), a second storm sees each record's own payload.
+pub async fn claim_storm_over_many_records(store: &Arc<dyn Store>) {
+    let ids: Vec<RecordId> = (0..STORM_RECORDS).map(|_| fresh_id()).collect();
+    let storm = async |ids: &[RecordId]| {
+        let gate = Arc::new(tokio::sync::Barrier::new(ids.len() * STORM_CLAIMS));
+        let mut tasks = JoinSet::new();
+        for i in 0..STORM_CLAIMS {
+            for (r, id) in ids.iter().enumerate() {
+                let (store, gate, id) = (Arc::clone(store), Arc::clone(&gate), *id);
+                tasks.spawn(async move {
+                    let (fp, token) = (storm_fingerprint(r, i), FencingToken::random());
+                    gate.wait().await;
+                    (r, i, token, claim(&store, &id, &fp, token, LONG).await)
+                });
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            out.push(joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
+        }
+        out
+    };
+    let results = storm(&ids).await;
+    let mut winners = vec![None; STORM_RECORDS];
+    for (r, i, token, c) in &results {
+        if matches!(c, Claim::Acquired { .. }) {
+            assert!(
+                winners[*r].replace((*i, *token)).is_none(),
+                "two claims of a storm on {STORM_RECORDS} records won record {r}"
+            );
+        }
+    }
+    let winners: Vec<(usize, FencingToken)> = winners
+        .into_iter()
+        .enumerate()
+        .map(|(r, w)| w.unwrap_or_else(|| panic!("no claim of the storm won record {r}")))
+        .collect();
+    for (r, i, _, c) in &results {
+        if *i != winners[*r].0 {
+            expect_in_progress(
+                c.clone(),
+                &storm_fingerprint(*r, winners[*r].0),
+                "a losing claim of a storm (its own record's winner)",
+            );
+        }
+    }
+    let mut completions = JoinSet::new();
+    for (r, (_, token)) in winners.iter().enumerate() {
+        let (store, id, token) = (Arc::clone(store), ids[r], *token);
+        completions.spawn(async move {
+            complete(&store, &id, token, Bytes::from(format!("record {r}")), LONG).await;
+        });
+    }
+    while let Some(joined) = completions.join_next().await {
+        joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    }
+    for (r, _, _, c) in storm(&ids).await {
+        expect_completed(
+            c,
+            &storm_fingerprint(r, winners[r].0),
+            &Bytes::from(format!("record {r}")),
+            "a claim of a storm after the winners completed",
+        );
+    }
+}
+
+fn storm_fingerprint(record: usize, claimer: usize) -> Vec<u8> {
+    format!("record {record} claimer {claimer}").into_bytes()
+}
+
+/// A duplicate claim that was rejected (it found the record in progress, with the
+/// owner's fingerprint or another) gets nothing from it: its token's release, complete
+/// and renew are fenced, the owner's claim stays live and is the owner's to complete.
+/// (A store that let a losing claim write its token, as an upsert that always sets the
+/// token does, would let the duplicate's cleanup delete the claim it does not own.)
+pub async fn rejected_duplicate_never_frees_the_live_claim(store: &Arc<dyn Store>) {
+    let id = fresh_id();
+    let owner = FencingToken::random();
+    expect_acquired(
+        claim(store, &id, b"owner", owner, LONG).await,
+        false,
+        "claim",
+    );
+    for fp in [b"owner".as_slice(), b"other body"] {
+        let duplicate = FencingToken::random();
+        expect_in_progress(
+            claim(store, &id, fp, duplicate, LONG).await,
+            b"owner",
+            "a duplicate claim",
+        );
+        store.release(&id, duplicate).await.map_or_else(
+            |e| expect_fenced_error(&e, "release by a rejected duplicate"),
+            |()| {
+                panic!(
+                    "release by a rejected duplicate must be fenced: it deleted the live claim \
+                     it does not own"
+                )
+            },
+        );
+        expect_all_fenced(store, &id, duplicate, "by a rejected duplicate").await;
+        match claim(store, &id, b"x", FencingToken::random(), LONG).await {
+            Claim::InProgress {
+                fingerprint,
+                lease_remaining,
+            } => {
+                assert_eq!(
+                    fingerprint,
+                    b"owner".as_slice(),
+                    "after a rejected duplicate's writes the owner's claim is still live"
+                );
+                assert!(lease_remaining > Duration::ZERO, "with its lease");
+            }
+            other => panic!(
+                "after a rejected duplicate's writes the owner's claim must still be in \
+                 progress, got {other:?}"
+            ),
+        }
+    }
+    let payload = Bytes::from_static(b"the owner's");
+    complete(store, &id, owner, payload.clone(), LONG).await;
+    expect_completed(
+        claim(store, &id, b"owner", FencingToken::random(), LONG).await,
+        b"owner",
+        &payload,
+        "the owner's completion after rejected duplicates",
+    );
+}
+
+/// Cleanup addresses records by their hashed id ([`RecordId`] of scope and key), never
+/// by the raw key: a request claimed through the [`Engine`](crate::server::Engine) is
+/// found by [`Store::inspect`] and [`Store::list_in_progress`] under
+/// `RecordId::new(scope, key)`, [`Engine::force_release`](crate::server::Engine::force_release)
+/// of the same key in another scope (or of the raw key as a scope-less key's id) removes
+/// nothing, and cleanup by the id the store lists removes the record (its owner is then
+/// fenced, and the key executes anew).
+pub async fn cleanup_addresses_records_by_hashed_id(store: &Arc<dyn Store>) {
+    use crate::IdempotencyKey;
+    use crate::fingerprint::Fingerprint;
+    use crate::server::{Claimed, Engine};
+
+    let engine = Engine::new(Arc::clone(store));
+    let raw = uuid::Uuid::new_v4().to_string();
+    let key = IdempotencyKey::new(raw.clone())
+        .unwrap_or_else(|e| panic!("a UUID is a valid idempotency key: {e}"));
+    let (scope, fp) = (
+        "idemkey-conformance-cleanup",
+        Fingerprint::of_bytes(b"body"),
+    );
+    let Ok(Claimed::Execute(running)) = engine.claim(scope, &key, &fp).await else {
+        panic!("the engine's first claim of a fresh key must execute");
+    };
+    let hashed = RecordId::new(scope, &raw);
+    assert!(
+        inspect(store, &hashed).await.is_some(),
+        "the record of a key must be at RecordId::new(scope, key)"
+    );
+    let listed = list(store, LIST_ALL).await;
+    assert!(
+        listed.iter().any(|r| r.id == hashed),
+        "list_in_progress must list the record under its hashed id"
+    );
+    for (other_scope, what) in [
+        ("idemkey-conformance-elsewhere", "another scope"),
+        ("", "no scope"),
+    ] {
+        let removed = engine
+            .force_release(other_scope, &raw)
+            .await
+            .unwrap_or_else(|e| panic!("force_release failed: {e}"));
+        assert!(
+            !removed,
+            "force_release of the key in {what} must remove nothing: records are addressed \
+             by the hash of scope and key"
+        );
+    }
+    assert!(
+        inspect(store, &hashed).await.is_some(),
+        "cleanup elsewhere left the record"
+    );
+    assert!(
+        force_release(store, &hashed).await,
+        "cleanup by the hashed id the store lists must remove the record"
+    );
+    assert_eq!(
+        inspect(store, &hashed).await,
+        None,
+        "a record removed by its hashed id is gone"
+    );
+    running
+        .complete(Bytes::from_static(b"late"))
+        .await
+        .map_or_else(
+            |e| expect_fenced_error(&e, "complete by the owner of a cleaned-up record"),
+            |()| panic!("complete by the owner of a cleaned-up record must be fenced"),
+        );
+    let Ok(Claimed::Execute(again)) = engine.claim(scope, &key, &fp).await else {
+        panic!("the key of a cleaned-up record must execute anew");
+    };
+    again
+        .complete(Bytes::from_static(b"ok"))
+        .await
+        .unwrap_or_else(|e| panic!("the new owner's complete must succeed: {e}"));
+}
+
+/// Sweeps racing completions: [`RACING_COMPLETIONS`] abandoned claims (lease expired,
+/// kept for their retention: what a sweep looks at) are completed one after the other
+/// while another task sweeps without pause. Every completion that returned `Ok` is
+/// settled for good: a claim right after it, and claims after the sweeps stopped, get
+/// the completed record, never "in progress" and never a fresh claim.
+pub async fn sweep_racing_completions_keeps_them_settled(store: &Arc<dyn Store>) {
+    let records: Vec<(RecordId, FencingToken)> = (0..RACING_COMPLETIONS)
+        .map(|_| (fresh_id(), FencingToken::random()))
+        .collect();
+    for (id, owner) in &records {
+        expect_acquired(
+            claim(store, id, b"racing", *owner, SHORT).await,
+            false,
+            "claim",
+        );
+    }
+    let claimed = Instant::now();
+    tokio::time::sleep_until(claimed + SHORT + POLL).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweeper = {
+        let (store, stop) = (Arc::clone(store), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut sweeps = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                store
+                    .sweep()
+                    .await
+                    .unwrap_or_else(|e| panic!("sweep must succeed: {e}"));
+                sweeps += 1;
+                tokio::task::yield_now().await;
+            }
+            sweeps
+        })
+    };
+    let expect_settled = async |id: &RecordId, r: usize, when: &str| match claim(
+        store,
+        id,
+        b"retry",
+        FencingToken::random(),
+        LONG,
+    )
+    .await
+    {
+        Claim::Completed { payload, .. } => {
+            assert_eq!(
+                payload,
+                Bytes::from(format!("done {r}")),
+                "the stored payload"
+            );
+        }
+        Claim::InProgress { .. } => panic!(
+            "a completed record answered \"in progress\" {when}: a sweep racing the \
+                 completion undid it"
+        ),
+        Claim::Acquired { .. } => panic!(
+            "a completed record was claimed anew {when}: a sweep racing the completion \
+                 removed it"
+        ),
+    };
+    for (r, (id, owner)) in records.iter().enumerate() {
+        complete(store, id, *owner, Bytes::from(format!("done {r}")), LONG).await;
+        expect_settled(id, r, "right after its completion, while sweeps ran").await;
+        // Spread the completions over the sweeps (a sweep reads, then writes).
+        sleep(POLL / 5).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sweeps = sweeper
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    assert!(sweeps > 0, "the sweeper ran");
+    store
+        .sweep()
+        .await
+        .unwrap_or_else(|e| panic!("sweep must succeed: {e}"));
+    for (r, (id, _)) in records.iter().enumerate() {
+        expect_settled(id, r, "after the sweeps").await;
+    }
+}
+
+/// Claims `id` (fingerprint, token, lease) every [`POLL`] until the claim takes over
+/// the lease of the owner with fingerprint `holder`; panics with `stuck` once
+/// `deadline` has passed. Returns when it took over, and its takeover flag.
+async fn take_over(
+    store: &Arc<dyn Store>,
+    id: &RecordId,
+    (fp, token, lease): (&[u8], FencingToken, Duration),
+    holder: &[u8],
+    deadline: Instant,
+    stuck: &str,
+) -> (Instant, bool) {
+    loop {
+        let before = Instant::now();
+        match claim(store, id, fp, token, lease).await {
+            Claim::Acquired { takeover } => return (Instant::now(), takeover),
+            Claim::InProgress { fingerprint, .. } => {
+                assert_eq!(fingerprint, holder, "in progress by the owner");
+                assert!(before < deadline, "{stuck}");
+            }
+            other => panic!("an in-progress record cannot be {other:?}"),
+        }
+        sleep(POLL).await;
+    }
 }
 
 /// A record id no other check (or run) uses.

@@ -143,15 +143,25 @@ pub struct FaultInjector {
 }
 
 struct Inner {
-    plan: Planner,
+    plan: FaultPlan,
     dead_end: OnceCell<SocketAddr>,
     client: reqwest::Client,
 }
 
 /// A plan and its bookkeeping: numbers each attempt overall and per key, decides its
-/// fault, and counts what was done. Shared by [`FaultInjector`] and
-/// [`FaultProxy`](super::FaultProxy).
-pub(crate) struct Planner {
+/// fault, and counts what was done. [`FaultInjector`] and
+/// [`FaultProxy`](super::FaultProxy) are built on it; use it for a fault injector of
+/// your own (the `idemkey proxy --faults` command line is one), with
+/// [`FaultPlan::apply`] around the forwarding of a request.
+///
+/// ```
+/// use idemkey::testing::{Fault, FaultPlan};
+/// let plan = FaultPlan::new(Fault::cycle(vec![Fault::Reset, Fault::None]));
+/// assert_eq!(plan.decide(Some(b"k-1")), Fault::Reset);
+/// assert_eq!(plan.decide(Some(b"k-1")), Fault::None);
+/// assert_eq!((plan.stats().attempts, plan.stats().resets), (2, 1));
+/// ```
+pub struct FaultPlan {
     plan: Box<dyn Fn(Shot) -> Fault + Send + Sync>,
     per_key: Mutex<HashMap<Vec<u8>, (u64, u32)>>,
     attempts: AtomicU64,
@@ -160,8 +170,17 @@ pub(crate) struct Planner {
     resets: AtomicU64,
 }
 
-impl Planner {
-    pub(crate) fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
+impl std::fmt::Debug for FaultPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultPlan")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FaultPlan {
+    /// Decides each attempt's fault with `plan`.
+    pub fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
         Self {
             plan: Box::new(plan),
             per_key: Mutex::new(HashMap::new()),
@@ -174,8 +193,8 @@ impl Planner {
 
     /// The fault for the next attempt, which carries `key` (`None`: no key header).
     /// Counts a delay or a reset as decided; a lost response is counted by
-    /// [`Planner::lost`] once it was lost.
-    pub(crate) fn decide(&self, key: Option<&[u8]>) -> Fault {
+    /// [`FaultPlan::lost`] once it was lost.
+    pub fn decide(&self, key: Option<&[u8]>) -> Fault {
         let attempt = self.attempts.fetch_add(1, Ordering::SeqCst);
         let (key_index, key_attempt) = {
             let mut per_key = self
@@ -206,11 +225,14 @@ impl Planner {
         fault
     }
 
-    pub(crate) fn lost(&self) {
+    /// Counts a response lost on purpose (after a [`Fault::LoseResponse`]).
+    pub fn lost(&self) {
         self.lost.fetch_add(1, Ordering::SeqCst);
     }
 
-    pub(crate) fn stats(&self) -> FaultStats {
+    /// What the plan decided so far.
+    #[must_use]
+    pub fn stats(&self) -> FaultStats {
         FaultStats {
             attempts: self.attempts.load(Ordering::SeqCst),
             lost_responses: self.lost.load(Ordering::SeqCst),
@@ -240,7 +262,7 @@ impl FaultInjector {
     pub fn new(plan: impl Fn(Shot) -> Fault + Send + Sync + 'static) -> Self {
         Self {
             inner: Arc::new(Inner {
-                plan: Planner::new(plan),
+                plan: FaultPlan::new(plan),
                 dead_end: OnceCell::new(),
                 client: reqwest::Client::new(),
             }),

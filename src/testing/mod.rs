@@ -51,7 +51,7 @@ mod faults;
 mod proxy;
 mod server;
 
-pub use faults::{Fault, FaultInjector, FaultRates, FaultStats, Shot};
+pub use faults::{Fault, FaultInjector, FaultPlan, FaultRates, FaultStats, Shot};
 pub use proxy::FaultProxy;
 pub use server::TestServer;
 

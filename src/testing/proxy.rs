@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::faults::{Fault, FaultStats, Planner, Shot};
+use super::faults::{Fault, FaultPlan, FaultStats, Shot};
 use crate::protocol::headers::IDEMPOTENCY_KEY;
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
@@ -54,7 +54,7 @@ type ProxyBody = BoxBody<Bytes, hyper::Error>;
 /// ```
 pub struct FaultProxy {
     addr: SocketAddr,
-    planner: Arc<Planner>,
+    planner: Arc<FaultPlan>,
     accept: JoinHandle<()>,
 }
 
@@ -70,7 +70,7 @@ impl std::fmt::Debug for FaultProxy {
 struct Shared {
     upstream: SocketAddr,
     header: HeaderName,
-    planner: Arc<Planner>,
+    planner: Arc<FaultPlan>,
     client: Client<HttpConnector, Incoming>,
 }
 
@@ -104,7 +104,7 @@ impl FaultProxy {
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
-        let planner = Arc::new(Planner::new(plan));
+        let planner = Arc::new(FaultPlan::new(plan));
         let shared = Arc::new(Shared {
             upstream,
             header: key_header,
@@ -159,29 +159,77 @@ async fn forward(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Dropped> {
-    let key = req.headers().get(&shared.header).map(|v| v.as_bytes());
-    let fault = shared.planner.decide(key);
-    match fault {
-        Fault::Reset => return Err(Dropped),
-        Fault::Delay(d) => tokio::time::sleep(d).await,
-        Fault::None | Fault::LoseResponse => {}
+    let key = req
+        .headers()
+        .get(&shared.header)
+        .map(|v| v.as_bytes().to_vec());
+    let upstream = async {
+        let (mut parts, body) = req.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        parts.uri =
+            Uri::try_from(format!("http://{}{path}", shared.upstream)).map_err(|_| Dropped)?;
+        shared
+            .client
+            .request(Request::from_parts(parts, body))
+            .await
+            .map_err(|_| Dropped)
+    };
+    match shared.planner.apply(key.as_deref(), upstream).await {
+        Some(Ok(response)) => Ok(response.map(BodyExt::boxed)),
+        Some(Err(e)) => Err(e),
+        None => Err(Dropped),
     }
-    let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", http::uri::PathAndQuery::as_str);
-    parts.uri = Uri::try_from(format!("http://{}{path}", shared.upstream)).map_err(|_| Dropped)?;
-    let response = shared
-        .client
-        .request(Request::from_parts(parts, body))
-        .await
-        .map_err(|_| Dropped)?;
-    if fault == Fault::LoseResponse {
-        // Read it all: the upstream has finished with this request.
-        let _ = response.into_body().collect().await;
-        shared.planner.lost();
-        return Err(Dropped);
+}
+
+impl FaultPlan {
+    /// Decides the fault of a request carrying idempotency key `key` (`None`: no key)
+    /// and applies it around `forward`, the future that sends the request on and
+    /// answers it: `None` means "close the client's connection without an answer".
+    ///
+    /// - [`Fault::Reset`]: `forward` is dropped unpolled (nothing reaches the server);
+    ///   `None`.
+    /// - [`Fault::Delay`]: waits, then `Some(forward.await)`.
+    /// - [`Fault::LoseResponse`]: runs `forward` and reads the whole response body (the
+    ///   server finished with the request), counts it lost; `None`.
+    /// - [`Fault::None`]: `Some(forward.await)`, untouched.
+    ///
+    /// ```
+    /// use idemkey::testing::{Fault, FaultPlan};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let plan = FaultPlan::new(Fault::cycle(vec![Fault::LoseResponse, Fault::None]));
+    /// let answer = || async { Ok::<_, ()>(http::Response::new(String::from("done"))) };
+    /// assert!(plan.apply(Some(b"k"), answer()).await.is_none(), "lost");
+    /// assert!(plan.apply(Some(b"k"), answer()).await.is_some());
+    /// assert_eq!(plan.stats().lost_responses, 1);
+    /// # }
+    /// ```
+    pub async fn apply<B, E>(
+        &self,
+        key: Option<&[u8]>,
+        forward: impl Future<Output = Result<Response<B>, E>>,
+    ) -> Option<Result<Response<B>, E>>
+    where
+        B: http_body::Body,
+    {
+        match self.decide(key) {
+            Fault::Reset => None,
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                Some(forward.await)
+            }
+            Fault::None => Some(forward.await),
+            Fault::LoseResponse => {
+                let response = forward.await;
+                if let Ok(response) = response {
+                    // Read it all: the upstream has finished with this request.
+                    let _ = response.into_body().collect().await;
+                    self.lost();
+                }
+                None
+            }
+        }
     }
-    Ok(response.map(BodyExt::boxed))
 }

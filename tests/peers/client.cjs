@@ -2,11 +2,12 @@
 // Stainless SDK), one JSON line per call on stdout. Run with NODE_PATH set to the
 // node_modules the test harness installed.
 //
-//     node client.cjs stripe|orb <base URL> <calls>
+//     node client.cjs stripe|orb <base URL> <calls> [<retries per call>, default 2]
 'use strict';
 
-const [peer, base, calls] = process.argv.slice(2);
+const [peer, base, calls, retries] = process.argv.slice(2);
 const n = Number(calls);
+const maxRetries = Number(retries ?? 2);
 
 async function stripeCalls() {
   const Stripe = require('stripe');
@@ -15,7 +16,7 @@ async function stripeCalls() {
     host: url.hostname,
     port: Number(url.port),
     protocol: 'http',
-    maxNetworkRetries: 2,
+    maxNetworkRetries: maxRetries,
     telemetry: false,
   });
   for (let i = 0; i < n; i++) {
@@ -32,7 +33,7 @@ async function stripeCalls() {
 
 async function orbCalls() {
   const { Orb } = require('orb-billing');
-  const orb = new Orb({ apiKey: 'interop', baseURL: `${base}/v1`, maxRetries: 2 });
+  const orb = new Orb({ apiKey: 'interop', baseURL: `${base}/v1`, maxRetries });
   for (let i = 0; i < n; i++) {
     const { data, response } = await orb
       .post('/charges', { body: { amount: 1000 + i } })

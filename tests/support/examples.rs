@@ -88,3 +88,61 @@ impl std::fmt::Debug for ExampleServer {
         write!(f, "{} on port {}", self.name, self.port)
     }
 }
+
+/// An example program that is not a server (a queue consumer): started with `args`,
+/// killed with SIGKILL by its pid, or waited for (bounded).
+pub(crate) struct ExampleProcess {
+    name: String,
+    child: Child,
+}
+
+impl ExampleProcess {
+    /// Starts example `name` with `args` (stderr inherited, so a failing test shows
+    /// its log).
+    pub(crate) fn start(name: &str, args: &[&str]) -> Self {
+        let child = Command::new(binary(name))
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        Self {
+            name: name.to_owned(),
+            child,
+        }
+    }
+
+    /// Whether it is still running; panics when it exited with a failure.
+    pub(crate) fn running(&mut self) -> bool {
+        match self.child.try_wait() {
+            Ok(None) => true,
+            Ok(Some(status)) if status.success() => false,
+            Ok(Some(status)) => panic!("{} exited: {status}", self.name),
+            Err(e) => panic!("{}: {e}", self.name),
+        }
+    }
+
+    /// Waits up to `bound` for it to exit by itself, successfully.
+    pub(crate) fn wait(&mut self, bound: Duration) {
+        let start = std::time::Instant::now();
+        while self.running() {
+            assert!(
+                start.elapsed() < bound,
+                "{} did not exit within {bound:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the process (SIGKILL, by its pid) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ExampleProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -18,6 +18,9 @@
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
 //! - [`telemetry`]: the spans and metrics the crate emits, captured (feature
 //!   `metrics`);
+//! - [`cli`]: the `idemkey` command line, one-shot and as a proxy (feature `cli`);
+//! - [`queues`]: the queue consumer examples' scenario: charges, seeded kills, the
+//!   ledger's check;
 //! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
 //!   versions into a cache folder.
 #![allow(
@@ -27,11 +30,15 @@
 
 #[cfg(feature = "test-util")]
 pub(crate) mod apps;
+#[cfg(feature = "cli")]
+pub(crate) mod cli;
 pub(crate) mod client;
 pub(crate) mod examples;
 pub(crate) mod gate;
 pub(crate) mod moto;
 pub(crate) mod peers;
+#[cfg(feature = "postgres")]
+pub(crate) mod queues;
 pub(crate) mod raw;
 pub(crate) mod recorder;
 #[cfg(feature = "metrics")]
@@ -60,6 +67,18 @@ pub(crate) fn postgres_url() -> String {
 /// `mysql://root@127.0.0.1:3306/test`).
 pub(crate) fn mysql_url() -> String {
     std::env::var("IDEMKEY_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// The shared RabbitMQ (`IDEMKEY_RABBITMQ_URL`, default
+/// `amqp://guest:guest@127.0.0.1:5672/%2f`).
+pub(crate) fn rabbitmq_url() -> String {
+    std::env::var("IDEMKEY_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The shared NATS with JetStream (`IDEMKEY_NATS_URL`, default `nats://127.0.0.1:4222`).
+pub(crate) fn nats_url() -> String {
+    std::env::var("IDEMKEY_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
 /// A name no other test (or run) uses: `<base>_<random hex>`.
@@ -101,8 +120,13 @@ fn wait_listening(port: u16, what: &str) {
 pub(crate) struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// More `redis-server` arguments (`--replicaof host port`).
+    args: Vec<String>,
     /// With an append-only file here, fsynced on every write: records survive a kill.
     aof_dir: Option<TempDir>,
+    /// Where a server without an append-only file writes what it must (the snapshot a
+    /// primary makes for its replica's first sync).
+    scratch: TempDir,
 }
 
 impl RedisServer {
@@ -122,15 +146,47 @@ impl RedisServer {
         let mut server = Self {
             port: free_port(),
             child: None,
+            args: Vec::new(),
             aof_dir,
+            scratch: TempDir::new("idemkey-redis-scratch"),
         };
         server.restart();
         server
     }
 
+    /// Starts a private server on a free port, without persistence, replicating
+    /// `primary`; returns once the replica is in sync.
+    pub(crate) fn start_replica_of(primary: &Self) -> Self {
+        let mut server = Self {
+            port: free_port(),
+            child: None,
+            args: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.port.to_string(),
+            ],
+            aof_dir: None,
+            scratch: TempDir::new("idemkey-redis-scratch"),
+        };
+        server.restart();
+        for _ in 0..400 {
+            let info = redis_cli(server.port, &["info", "replication"]);
+            if info.contains("master_link_status:up") {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("the private replica did not reach master_link_status:up within 10 s");
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
     }
 
     /// Kills the server process (by its pid) and waits for it to exit.
@@ -147,12 +203,15 @@ impl RedisServer {
         self.kill();
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", ""]);
+            .args(["--bind", "127.0.0.1", "--save", ""])
+            .args(&self.args);
         match &self.aof_dir {
             Some(dir) => cmd
                 .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
                 .arg(dir.path()),
-            None => cmd.args(["--appendonly", "no"]),
+            None => cmd
+                .args(["--appendonly", "no", "--dir"])
+                .arg(self.scratch.path()),
         };
         let child = cmd
             .stdout(Stdio::null())
@@ -608,8 +667,18 @@ pub(crate) fn dynamo_client(moto: &moto::MotoServer) -> idemkey::store::aws_sdk_
     Client::from_conf(config)
 }
 
-/// A private three-node Redis Cluster (no replicas, no persistence) on free ports,
-/// each node killed by its pid on drop.
+/// `redis-cli -p port args...`, its output (empty when it could not run).
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// A private Redis Cluster of three primaries (and as many replicas each as asked; no
+/// persistence) on free ports, each node killed by its pid on drop.
 pub(crate) struct RedisCluster {
     ports: Vec<u16>,
     nodes: Vec<Child>,
@@ -619,9 +688,15 @@ pub(crate) struct RedisCluster {
 impl RedisCluster {
     /// Starts three nodes, joins them into a cluster and waits until it serves.
     pub(crate) fn start() -> Self {
+        Self::start_with_replicas(0)
+    }
+
+    /// Starts three primaries with `replicas` replicas each, joins them into a cluster
+    /// and waits until it serves.
+    pub(crate) fn start_with_replicas(replicas: usize) -> Self {
         let dir = TempDir::new("idemkey-redis-cluster");
         let mut ports = Vec::new();
-        while ports.len() < 3 {
+        while ports.len() < 3 * (1 + replicas) {
             // Each node also listens on port + 10000 (the cluster bus).
             let port = free_port();
             let bus_free =
@@ -663,7 +738,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -673,18 +748,29 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {status}"
         );
         for _ in 0..400 {
-            let ok = cluster.ports.iter().all(|p| {
-                Command::new("redis-cli")
-                    .args(["-p", &p.to_string(), "cluster", "info"])
-                    .output()
-                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
-            });
-            if ok {
+            let ok = cluster
+                .ports
+                .iter()
+                .all(|p| redis_cli(*p, &["cluster", "info"]).contains("cluster_state:ok"));
+            let synced = cluster
+                .replicas()
+                .iter()
+                .all(|p| redis_cli(*p, &["info", "replication"]).contains("master_link_status:up"));
+            if ok && synced {
                 return cluster;
             }
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!("the private Redis Cluster did not reach cluster_state:ok");
+    }
+
+    /// The ports of the nodes that are replicas now.
+    pub(crate) fn replicas(&self) -> Vec<u16> {
+        self.ports
+            .iter()
+            .copied()
+            .filter(|p| redis_cli(*p, &["info", "replication"]).contains("role:slave"))
+            .collect()
     }
 
     /// `redis://127.0.0.1:<port>` of every node.

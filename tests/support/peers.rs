@@ -132,9 +132,16 @@ pub(crate) struct PythonVerifier {
 impl PythonVerifier {
     /// Starts `verifier.py <args>` and waits (bounded) for the port it prints.
     pub(crate) async fn start(args: &[&str]) -> Self {
+        Self::start_script("verifier.py", args).await
+    }
+
+    /// Starts `tests/peers/<script> <args>` (a script that prints `PORT <n>` and
+    /// answers `GET /stats` with its executions, such as `upstream.py`, a plain API
+    /// without idempotency) and waits (bounded) for the port it prints.
+    pub(crate) async fn start_script(script: &str, args: &[&str]) -> Self {
         let site = python_site();
         let mut child = Command::new(python())
-            .arg(scripts().join("verifier.py"))
+            .arg(scripts().join(script))
             .args(args)
             .env("PYTHONPATH", &site)
             .env("PYTHONNOUSERSITE", "1")
@@ -204,10 +211,20 @@ impl Drop for PythonVerifier {
 
 /// Runs `tests/peers/client.cjs <peer> <base> <calls>` and returns its JSON lines.
 pub(crate) async fn node_client(peer: &str, base: &str, calls: usize) -> Vec<serde_json::Value> {
+    node_client_retrying(peer, base, calls, 2).await
+}
+
+/// As [`node_client`], the SDK retrying each call up to `retries` times.
+pub(crate) async fn node_client_retrying(
+    peer: &str,
+    base: &str,
+    calls: usize,
+    retries: u32,
+) -> Vec<serde_json::Value> {
     let modules = node_modules();
     let out = tokio::process::Command::new("node")
         .arg(scripts().join("client.cjs"))
-        .args([peer, base, &calls.to_string()])
+        .args([peer, base, &calls.to_string(), &retries.to_string()])
         .env("NODE_PATH", &modules)
         .kill_on_drop(true)
         .output();

@@ -191,3 +191,61 @@ impl Store for FlakyStore {
         self.inner.inspect(id).await
     }
 }
+
+/// A store that forwards to another and counts the watches made on it
+/// ([`Store::watch`]): how a test knows that `n` duplicates are waiting.
+#[derive(Clone)]
+pub(crate) struct CountedWatches {
+    pub(crate) inner: Arc<dyn Store>,
+    watches: Arc<tokio::sync::Semaphore>,
+}
+
+impl CountedWatches {
+    pub(crate) fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            watches: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+
+    /// Waits until `n` more watches were made.
+    pub(crate) async fn wait_watches(&self, n: u32) {
+        self.watches
+            .acquire_many(n)
+            .await
+            .expect("the semaphore stays open")
+            .forget();
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for CountedWatches {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(id, token, payload, retention).await
+    }
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(id, token, lease).await
+    }
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(id, token).await
+    }
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn idemkey::store::Watch>, StoreError> {
+        let watch = self.inner.watch(id).await;
+        self.watches.add_permits(1);
+        watch
+    }
+}

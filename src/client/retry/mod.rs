@@ -21,7 +21,9 @@ use tracing::Instrument;
 
 pub use self::budget::RetryBudget;
 use self::budget::Spent;
-pub use self::policy::{DEFAULT_RETRY_AFTER_CAP, default_policy};
+pub use self::policy::{
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_RETRY_AFTER_CAP, default_policy,
+};
 use self::resend::Resend;
 pub use self::strategy::IdempotentRetryStrategy;
 use super::error::{Error, Kind};
@@ -47,8 +49,9 @@ use crate::protocol::{retry_after, status};
 ///   `retry-after-ms`, `Retry-After` (seconds or HTTP date), in the order
 ///   [`retry_after`](crate::protocol::retry_after) documents; a hint never makes a 400
 ///   or 422 retryable, and a wait is capped and never passes the deadline;
-/// - stops at an optional overall deadline, and when the client-wide [`RetryBudget`]
-///   is used up;
+/// - ends an attempt whose answer has not begun within the per-attempt timeout
+///   ([`DEFAULT_ATTEMPT_TIMEOUT`]) and retries it; stops at the overall deadline
+///   ([`DEFAULT_DEADLINE`]), and when the client-wide [`RetryBudget`] is used up;
 /// - lets concurrent calls with the same caller-chosen key and the same request share
 ///   one flight ([`single_flight`](Self::single_flight));
 /// - records the attempt number ([`Attempt`]) for inner middlewares and the response,
@@ -81,6 +84,7 @@ pub struct RetryMiddleware {
     policy: Arc<dyn RetryPolicy + Send + Sync>,
     strategy: Arc<dyn RetryableStrategy + Send + Sync>,
     retry_after_cap: Duration,
+    attempt_timeout: Option<Duration>,
     deadline: Option<Duration>,
     budget: Option<RetryBudget>,
     flights: Option<Arc<Flights>>,
@@ -92,6 +96,7 @@ impl std::fmt::Debug for RetryMiddleware {
             .field("keys", &self.keys)
             .field("profile", &self.profile.name())
             .field("retry_after_cap", &self.retry_after_cap)
+            .field("attempt_timeout", &self.attempt_timeout)
             .field("deadline", &self.deadline)
             .field("budget", &self.budget)
             .field("single_flight", &self.flights.is_some())
@@ -107,7 +112,8 @@ impl Default for RetryMiddleware {
             policy: Arc::new(default_policy()),
             strategy: Arc::new(IdempotentRetryStrategy),
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
-            deadline: None,
+            attempt_timeout: Some(DEFAULT_ATTEMPT_TIMEOUT),
+            deadline: Some(DEFAULT_DEADLINE),
             budget: Some(RetryBudget::standard()),
             flights: Some(Arc::default()),
         }
@@ -117,8 +123,8 @@ impl Default for RetryMiddleware {
 impl RetryMiddleware {
     /// The defaults: keys in `Idempotency-Key` on POST and PATCH,
     /// [`VendorProfile::standard`], [`default_policy`], [`IdempotentRetryStrategy`],
-    /// [`DEFAULT_RETRY_AFTER_CAP`], no deadline, [`RetryBudget::standard`], single
-    /// flight on.
+    /// [`DEFAULT_RETRY_AFTER_CAP`], [`DEFAULT_ATTEMPT_TIMEOUT`], [`DEFAULT_DEADLINE`],
+    /// [`RetryBudget::standard`], single flight on.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
@@ -171,10 +177,22 @@ impl RetryMiddleware {
         self
     }
 
-    /// An overall deadline for the logical request, all attempts and waits included.
+    /// An overall deadline for the logical request, all attempts and waits included
+    /// ([`DEFAULT_DEADLINE`], 5 minutes, by default; `Duration::MAX` means none).
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
+        self
+    }
+
+    /// How long one attempt may wait for the head of its answer before it is abandoned
+    /// and retried with the same key ([`DEFAULT_ATTEMPT_TIMEOUT`], 80 s, by default;
+    /// `Duration::MAX` means none). The `reqwest::Client`'s own `timeout`, when shorter,
+    /// still applies; reading the body of a response handed to you is bounded by that
+    /// one, not by this.
+    #[must_use]
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
         self
     }
 
@@ -219,6 +237,7 @@ impl RetryMiddleware {
         match (class, result) {
             (Class::KeyReused | Class::AlreadyExecuted, _) => false,
             (Class::InProgress, Ok(r)) => hint(r) != Some(false),
+            (_, Err(e)) if AttemptTimedOut::is(e) => true,
             (_, Ok(r)) if r.status().as_u16() >= 400 => match hint(r) {
                 Some(false) => false,
                 Some(true) if !status::is_never_retried(r.status()) => true,
@@ -247,6 +266,8 @@ impl RetryMiddleware {
             let mut attempt = 0u32;
             let mut spent: Option<Spent> = None;
             let mut waited: Option<(Duration, WaitReason)> = None;
+            // Whether any attempt may have sent a byte of the request.
+            let mut sent = false;
             let last = loop {
                 attempt += 1;
                 Attempt::set(ext, attempt);
@@ -259,15 +280,25 @@ impl RetryMiddleware {
                 };
                 let span = telemetry::attempt_span(attempt, waited);
                 let run = next.clone().run(this, ext).instrument(span.clone());
-                let result = match deadline {
+                // The attempt ends at its own timeout or at the deadline, whichever is first.
+                let attempt_ends = self
+                    .attempt_timeout
+                    .and_then(|t| Instant::now().checked_add(t))
+                    .filter(|at| deadline.is_none_or(|d| *at < d));
+                let result = match (attempt_ends, deadline) {
+                    (Some(at), _) => match Box::pin(tokio::time::timeout_at(at, run)).await {
+                        Ok(result) => result,
+                        Err(_) => Err(AttemptTimedOut::error(self.attempt_timeout, attempt)),
+                    },
                     // Rare paths are boxed: they would otherwise grow every request's future.
-                    Some(at) => match Box::pin(tokio::time::timeout_at(at, run)).await {
+                    (None, Some(at)) => match Box::pin(tokio::time::timeout_at(at, run)).await {
                         Ok(result) => result,
                         Err(_) => break Last::DeadlinePassed,
                     },
-                    None => run.await,
+                    (None, None) => run.await,
                 };
                 telemetry::attempt_answered(&span, &result);
+                sent |= !outcome::never_left(&result);
                 let (result, class) = if key.is_none() {
                     (result, Class::Other)
                 } else if let Some(class) = outcome::classify(&result, &self.profile) {
@@ -301,7 +332,11 @@ impl RetryMiddleware {
                     break Last::Answer(result, class);
                 }
                 if let Some(budget) = &self.budget {
-                    let after_timeout = matches!(&result, Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout());
+                    let after_timeout = match &result {
+                        Err(reqwest_middleware::Error::Reqwest(e)) => e.is_timeout(),
+                        Err(e) => AttemptTimedOut::is(e),
+                        Ok(_) => false,
+                    };
                     match budget.try_spend(after_timeout) {
                         Some(s) => spent = Some(s),
                         None => {
@@ -339,7 +374,7 @@ impl RetryMiddleware {
                     budget.succeeded(spent);
                 }
             }
-            let result = outcome::finish(key, attempt, last, self.deadline);
+            let result = outcome::finish(key, attempt, last, self.deadline, sent);
             telemetry::call_ended(&result, attempt);
             result
         }
@@ -436,5 +471,27 @@ fn body_lost(key: Option<IdempotencyKey>) -> reqwest_middleware::Error {
         )
         .into(),
         None => reqwest_middleware::Error::middleware(std::io::Error::other(why)),
+    }
+}
+
+/// An attempt that got no answer within the per-attempt timeout: retried like a
+/// transport timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("attempt {attempt} got no answer within the per-attempt timeout of {timeout:?}")]
+struct AttemptTimedOut {
+    attempt: u32,
+    timeout: Duration,
+}
+
+impl AttemptTimedOut {
+    fn error(timeout: Option<Duration>, attempt: u32) -> reqwest_middleware::Error {
+        reqwest_middleware::Error::middleware(Self {
+            attempt,
+            timeout: timeout.unwrap_or_default(),
+        })
+    }
+
+    fn is(err: &reqwest_middleware::Error) -> bool {
+        matches!(err, reqwest_middleware::Error::Middleware(e) if e.is::<Self>())
     }
 }

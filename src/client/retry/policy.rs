@@ -12,6 +12,20 @@ use crate::protocol::retry_after;
 /// The default cap on a server's `Retry-After`.
 pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
 
+/// The default per-attempt timeout: how long one attempt may wait for the head of its
+/// answer (80 s, the timeout the Stripe SDKs ship: stripe-node's `DEFAULT_TIMEOUT =
+/// 80000` ms, stripe-go's `defaultHTTPTimeout = 80 * time.Second`, "consistent with the
+/// other Stripe language libraries and [...] other timeouts configured in the Stripe
+/// infrastructure"; Adyen's Node library ships 30 s). An attempt that passes it is
+/// retried with the same key, like any other timeout.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(80);
+
+/// The default overall deadline of a logical request, all attempts and waits included:
+/// 5 minutes, a little over three attempts that each hang for the whole
+/// [`DEFAULT_ATTEMPT_TIMEOUT`] (Stripe's SDKs, with their 80 s timeout and 2 retries,
+/// give up on a hung server after 4 minutes).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
+
 /// The default retry policy: up to 3 retries (4 attempts), exponential backoff from
 /// 100 ms to 10 s with bounded jitter.
 #[must_use]

@@ -75,6 +75,13 @@ pub trait ExtractKey: Send + Sync + 'static {
         Cow::Borrowed("the request")
     }
 
+    /// The `400 missing-key` answer to a request without a key on a route that requires
+    /// one; by default [`Rejection::missing_key`] naming [`ExtractKey::describe`]
+    /// (webhook presets speak to the sender of a delivery instead).
+    fn missing(&self) -> Rejection {
+        Rejection::missing_key(&self.describe())
+    }
+
     /// Whether [`ExtractKey::extract_key`] reads the body. `false` promises that it
     /// reads only the head: the layer then calls it with an empty body *before* reading
     /// the body, and answers a missing or malformed key without reading it. Default

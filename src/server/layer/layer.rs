@@ -15,7 +15,7 @@ use crate::protocol::status::is_safe;
 use crate::protocol::{Problem, ReplayHeader};
 use crate::server::engine::Engine;
 use crate::server::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
-use crate::server::policy::OutcomePolicy;
+use crate::server::policy::{InProgressPolicy, OutcomePolicy};
 use crate::server::rejection::Rejection;
 
 /// Default limit of a buffered request body: 2 MiB, like axum's.
@@ -43,7 +43,7 @@ impl KeyRequirement {
         extractor: &dyn ExtractKey,
     ) -> Result<Option<IdempotencyKey>, Rejection> {
         match found {
-            None if self == Self::Required => Err(Rejection::missing_key(&extractor.describe())),
+            None if self == Self::Required => Err(extractor.missing()),
             found => Ok(found),
         }
     }
@@ -60,6 +60,7 @@ pub(super) struct Config {
     pub(super) requirement: Arc<RequirementFn>,
     pub(super) fingerprinter: Fingerprinter,
     pub(super) policy: OutcomePolicy,
+    pub(super) in_progress: InProgressPolicy,
     pub(super) body_limit: usize,
     pub(super) body_read_timeout: Option<Duration>,
     pub(super) stored_response_limit: usize,
@@ -83,19 +84,40 @@ pub(super) struct Config {
 ///    [`IdempotencyLayer::body_read_timeout`] when set (`408` beyond),
 /// 4. extracts a key or scope that needs the body ([`ExtractKey`], [`ExtractScope`]),
 ///    fingerprints the request ([`Fingerprinter`]),
-/// 5. claims the key: a completed key is replayed (same status, headers and body bytes,
-///    plus `Idempotent-Replayed: true`), a key of another request gets `422`, a running
-///    one `409` with `Retry-After`, a failing store `503` with `Retry-After`,
+/// 5. claims the key: a completed key is replayed (same status, headers, body bytes
+///    and trailers, plus `Idempotent-Replayed: true`), a key of another request gets
+///    `422`, a running one `409` with `Retry-After` (or, with
+///    [`IdempotencyLayer::in_progress`], waits for its answer first), a failing store
+///    `503` with `Retry-After`,
 /// 6. runs the inner service while renewing the lease, in place; if the caller goes
 ///    away (hyper drops the response future), the rest moves **to a spawned task**, so
 ///    a client that disconnects does not cancel the handler: its response is still
 ///    recorded and the retry receives the replay,
 /// 7. stores the response if the [`OutcomePolicy`] says so (headers minus hop-by-hop
-///    ones and the deny-list, `Set-Cookie` by default), or releases the key.
+///    ones and the deny-list, `Set-Cookie` by default; body; trailers), or releases
+///    the key. A body the handler has at once is recorded before the caller is
+///    answered; a body that streams goes to the caller frame by frame while a copy (up
+///    to [`IdempotencyLayer::stored_response_limit`]) goes to the record, completed
+///    before the caller sees the end of the stream. A stream that fails midway releases
+///    the key; a caller that leaves mid-stream does not stop it (the rest is read and
+///    recorded in a spawned task).
+///
+/// # gRPC
+///
+/// A request with `Content-Type: application/grpc*` is a gRPC call: its key is the
+/// `idempotency-key` metadata (the header), its outcome is judged by its `grpc-status`
+/// (the HTTP status `google.rpc.Code` gives as its equivalent: `UNAVAILABLE` releases
+/// the key like a 503, `OK` and `ALREADY_EXISTS` are stored), and the layer's own
+/// answers are gRPC statuses ([`Rejection::into_grpc_response`]). Serve the layer over
+/// HTTP/2 (hyper's `http2` builder, or `axum::serve` with axum's `http2` feature).
+/// The request is buffered like any other (up to [`IdempotencyLayer::body_limit`]), so
+/// the layer fits unary and server-streaming calls; a server stream is teed like any
+/// streamed body.
 ///
 /// # When the store fails after the handler answered
 ///
-/// The response is recorded before the caller gets it whenever the store answers. If
+/// The response is recorded before the caller gets it (its end, for a stream) whenever
+/// the store answers. If
 /// the store is unavailable then, the caller gets its response **at once** and the
 /// outcome moves to a background task that keeps trying (a pause doubling up to 1 s,
 /// for up to the retention; [`Execution::complete_or_defer`](crate::server::Execution::complete_or_defer)):
@@ -142,6 +164,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("body_limit", &self.cfg.body_limit)
             .field("body_read_timeout", &self.cfg.body_read_timeout)
             .field("stored_response_limit", &self.cfg.stored_response_limit)
+            .field("in_progress", &self.cfg.in_progress)
             .field("deny", &self.cfg.deny)
             .field("key_reused_status", &self.cfg.key_reused_status)
             .field("replay_header", &self.cfg.replay_header)
@@ -171,6 +194,7 @@ impl IdempotencyLayer {
                 requirement: Arc::new(default_requirement),
                 fingerprinter: Fingerprinter::new(),
                 policy: OutcomePolicy::default(),
+                in_progress: InProgressPolicy::default(),
                 body_limit: DEFAULT_BODY_LIMIT,
                 body_read_timeout: None,
                 stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
@@ -268,6 +292,14 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn policy(self, policy: OutcomePolicy) -> Self {
         self.with(|c| c.policy = policy)
+    }
+
+    /// What a duplicate of a running request gets (default
+    /// [`InProgressPolicy::Reject`]: `409 in-progress` at once); with
+    /// [`InProgressPolicy::Wait`] it waits for the running request's answer.
+    #[must_use]
+    pub fn in_progress(self, policy: InProgressPolicy) -> Self {
+        self.with(|c| c.in_progress = policy)
     }
 
     /// The largest request body buffered (default 2 MiB); larger ones get `413`.

@@ -12,17 +12,17 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::future::{DetachOnDrop, ResponseFuture};
+use super::grpc;
 use super::layer::{Config, KeyRequirement};
+use super::tee::{self, Prefetch, Tee};
 use crate::IdempotencyKey;
-use crate::protocol::Problem;
-use crate::server::body::{self, BoxError, Collected, ReadError, RequestBody, ResponseBody};
+use crate::server::body::{self, BoxError, ReadError, RequestBody, ResponseBody};
 use crate::server::engine::Claimed;
-use crate::server::execution::{Completion, Execution};
-use crate::server::policy::Outcome;
+use crate::server::execution::Execution;
+use crate::server::policy::{InProgressPolicy, Outcome};
 use crate::server::rejection::Rejection;
 use crate::server::stored_response;
 use crate::server::telemetry::{self, Decision};
-use crate::store::StoreError;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
@@ -128,14 +128,16 @@ where
         return Ok(inner.call(req).await?.map(ResponseBody::wrap));
     }
 
+    // A gRPC call gets the layer's own answers as gRPC statuses.
+    let grpc = grpc::is_grpc(&parts.headers);
     // A key (and scope) judged from the head alone is answered before the body is read.
     let head = match judge_head(&cfg, &parts, requirement) {
         Ok(head) => head,
-        Err(rejection) => return Ok(rejected(rejection)),
+        Err(rejection) => return Ok(rejected(rejection, grpc)),
     };
     let bytes = match read_body(&cfg, &parts, body).await {
         Ok(b) => b,
-        Err(rejection) => return Ok(rejected(rejection)),
+        Err(rejection) => return Ok(rejected(rejection, grpc)),
     };
     let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
         Ok(Some(found)) => found,
@@ -144,36 +146,44 @@ where
             let req = Request::from_parts(parts, RequestBody::buffered(bytes));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));
         }
-        Err(rejection) => return Ok(rejected(rejection)),
+        Err(rejection) => return Ok(rejected(rejection, grpc)),
     };
     let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
-    let claimed = cfg.engine.claim(&scope, &key, &fingerprint).await;
+    let claimed = match cfg.in_progress {
+        InProgressPolicy::Reject => cfg.engine.claim(&scope, &key, &fingerprint).await,
+        InProgressPolicy::Wait(up_to) => {
+            cfg.engine
+                .claim_or_wait(&scope, &key, &fingerprint, up_to)
+                .await
+        }
+    };
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
     match claimed {
         Ok(Claimed::Execute(exec)) => {
             // Polled in place; if the caller goes away (hyper drops this future), the
             // rest moves to a spawned task, so the handler still finishes and its
             // outcome is recorded.
-            DetachOnDrop::new(execute(cfg, inner, req, exec).in_current_span()).await
+            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc).in_current_span()).await
         }
-        Ok(Claimed::Replay(payload)) => Ok(stored_response::replay(
-            payload,
-            cfg.stored_response_limit,
-            cfg.replay_header,
-        )),
+        Ok(Claimed::Replay(payload)) => {
+            Ok(
+                stored_response::replay(payload, cfg.stored_response_limit, cfg.replay_header)
+                    .unwrap_or_else(|r| r.answer(grpc)),
+            )
+        }
         Ok(Claimed::Unguarded) => Ok(inner.call(req).await?.map(ResponseBody::wrap)),
         Ok(Claimed::InProgress { retry_after }) => {
-            Ok(Rejection::in_progress(retry_after).into_response())
+            Ok(Rejection::in_progress(retry_after).answer(grpc))
         }
-        Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).into_response()),
-        Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).into_response()),
+        Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).answer(grpc)),
+        Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).answer(grpc)),
     }
 }
 
 /// The answer to a request refused before any claim.
-fn rejected(rejection: Rejection) -> Response<ResponseBody> {
+fn rejected(rejection: Rejection, grpc: bool) -> Response<ResponseBody> {
     Decision::Rejected.record();
-    rejection.into_response()
+    rejection.answer(grpc)
 }
 
 /// What the head alone told of a request's key and scope: filled in when their
@@ -251,12 +261,15 @@ where
         })
 }
 
-/// Runs the claimed handler, then records its response or releases the key.
+/// Runs the claimed handler, then records its response or releases the key: at once
+/// for a body that is all there, while it streams to the caller for one that is not
+/// (see `tee.rs`).
 async fn execute<S, B, ResB>(
     cfg: Arc<Config>,
     mut inner: S,
     req: Request<RequestBody<B>>,
     mut exec: Execution,
+    grpc_call: bool,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
@@ -266,63 +279,38 @@ where
     let resp = match exec.run(telemetry::timed_handler(inner.call(req))).await {
         Ok(r) => r,
         Err(e) => {
-            finish(exec.release().await, "release");
+            tee::settle(exec.release().await, "release");
             return Err(e);
         }
     };
     let (parts, body) = resp.into_parts();
-    if cfg.policy.decide(parts.status) == Outcome::Release {
-        finish(exec.release().await, "release");
+    // A gRPC answer is judged by its `grpc-status` once its body ended; its HTTP status
+    // is always 200.
+    let grpc = grpc_call && grpc::is_grpc(&parts.headers);
+    if !grpc && cfg.policy.decide(parts.status) == Outcome::Release {
+        tee::settle(exec.release().await, "release");
         return Ok(Response::from_parts(parts, ResponseBody::wrap(body)));
     }
-    match exec
-        .run(body::read_limited(
-            Box::pin(body),
-            cfg.stored_response_limit,
-        ))
-        .await
-    {
-        Collected::Full(bytes) => {
-            let record = stored_response::record(&parts, bytes.clone(), &cfg.deny);
-            record_outcome(exec, record.encode()).await;
-            Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
-        }
-        Collected::TooLarge(prefix, rest) => {
-            let record = stored_response::record_too_large(&parts, prefix.len() as u64);
-            tracing::warn!(
-                limit = cfg.stored_response_limit,
-                retries_get = %Problem::ResponseNotStored,
-                "response too large to store"
-            );
-            record_outcome(exec, record.encode()).await;
+    let mut tee = tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc);
+    match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
+        Prefetch::Ended => {
+            tee.finish().await;
+            let (bytes, trailers) = tee.into_full();
             Ok(Response::from_parts(
                 parts,
-                ResponseBody::chain(prefix, rest),
+                ResponseBody::full_with_trailers(bytes, trailers),
             ))
         }
-        Collected::Failed(e) => {
-            finish(exec.release().await, "release");
-            Ok(Rejection::response_failed(e).into_response())
+        Prefetch::Failed(e) => {
+            tee.fail().await;
+            Ok(Rejection::response_failed(e).answer(grpc_call))
         }
-    }
-}
-
-/// Records the outcome before the caller is answered when the store answers; through a
-/// store outage, in the background (the spawned task owns the outcome and logs how it
-/// ends), so that the caller is not held for as long as the outage lasts.
-async fn record_outcome(exec: Execution, payload: Bytes) {
-    match exec.complete_or_defer(payload).await {
-        Ok(Completion::Recorded | Completion::Deferred(_)) => {}
-        Err(e) => finish(Err(e), "complete"),
-    }
-}
-
-fn finish(result: Result<(), StoreError>, what: &str) {
-    match result {
-        Ok(()) => {}
-        Err(e) if e.is_fenced() => tracing::warn!(
-            "could not {what} the key: another request took it over after this one's lease expired; its outcome wins"
-        ),
-        Err(e) => tracing::warn!(error = %e, "could not {what} the key; its lease will expire"),
+        Prefetch::Stream => {
+            tee.renew_in_background();
+            Ok(Response::from_parts(
+                parts,
+                ResponseBody::wrap(Tee::new(tee)),
+            ))
+        }
     }
 }

@@ -153,6 +153,10 @@ impl ExtractKey for Preset {
         ExtractKey::describe(&self.key)
     }
 
+    fn missing(&self) -> Rejection {
+        Rejection::missing_delivery_id(&self.name, &ExtractKey::describe(&self.key))
+    }
+
     /// A signed preset reads the body (its signature covers it) before judging anything,
     /// even when its id is a header.
     fn needs_body(&self) -> bool {
@@ -345,7 +349,7 @@ impl Preset {
         self.check_signature(headers, body)?;
         let input = Input::new(headers, body);
         let found = self.key.extract_in(&input)?;
-        let Some(key) = self.requirement().apply(found, &self.key)? else {
+        let Some(key) = self.requirement().apply(found, self)? else {
             return Ok(None);
         };
         let scope = self.scope_in(&input)?;
