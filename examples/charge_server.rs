@@ -1,7 +1,7 @@
 //! A charge API behind the verifier (the app is `examples/common/charge_app.rs`).
 //!
 //! ```sh
-//! cargo run --example charge_server -- --addr 127.0.0.1:3000 [--store memory]
+//! cargo run --features metrics --example charge_server -- --addr 127.0.0.1:3000 [--store memory]
 //! cargo run --features redis --example charge_server -- --addr localhost:3000 \
 //!     --store redis://127.0.0.1:6379        # or postgres://..., sqlite://charges.db
 //! ```
@@ -30,6 +30,11 @@
 //! - `GET /stats`: `{"executions": n, "orders": o, "orders_with_several_keys": m}`, the
 //!   number of charges created (and streams), and the `order`s charged (under more than
 //!   one key).
+//! - `GET /metrics`: Prometheus text (`examples/common/metrics.rs`): the verifier's
+//!   requests by decision, store latency and errors, with `--features metrics`.
+//!
+//! It logs to standard error (`RUST_LOG`, default `warn,idemkey=info`): a store that
+//! fails shows there as it happens. `RUST_LOG=idemkey=debug` adds the verifier's spans.
 //!
 //! Try it:
 //!
@@ -50,6 +55,8 @@ use idemkey::server::{Engine, IdempotencyLayer};
 
 #[path = "common/charge_app.rs"]
 mod charge_app;
+#[path = "common/metrics.rs"]
+mod metrics;
 #[path = "common/serve.rs"]
 mod serve;
 #[path = "common/telemetry.rs"]
@@ -131,7 +138,14 @@ async fn main() -> ExitCode {
         idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
     let engine = Engine::new(store);
     let verifier = IdempotencyLayer::new(engine.clone()).body_read_timeout(args.body_read_timeout);
-    let app = ChargeApp::new().router(verifier);
+    let metrics = match metrics::install() {
+        Ok(route) => route,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = ChargeApp::new().router(verifier).merge(metrics);
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
         Ok(l) => l,
         Err(e) => {

@@ -49,6 +49,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 #[path = "common/charge_app.rs"]
 mod charge_app;
+#[path = "common/metrics.rs"]
+mod metrics;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
@@ -165,6 +167,8 @@ fn serve() -> ExitCode {
         .build();
     let result = runtime.map_err(|e| e.to_string()).and_then(|rt| {
         rt.block_on(async {
+            // The same recorder in every build, so that only idemkey's metrics differ.
+            let _metrics = metrics::install()?;
             let app = ChargeApp::new();
             let verified = app.router(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
             let bare = app.bare_router();

@@ -1,7 +1,7 @@
 //! A webhook receiver that processes each provider event exactly once.
 //!
 //! ```sh
-//! cargo run --example webhook_receiver -- --addr 127.0.0.1:8080 [--store URL] [--secret S]
+//! cargo run --features metrics --example webhook_receiver -- --addr 127.0.0.1:8080 [--store URL] [--secret S]
 //! ```
 //!
 //! - `POST /webhooks/stripe`: Stripe events, keyed by the event `id`, scoped by the
@@ -14,7 +14,9 @@
 //! - `POST /webhooks/adyen`: Adyen notification batches, each item keyed by merchant
 //!   account, PSP reference, event code and success; answered `[accepted]`;
 //! - `GET /stats`: `{"processed": n}`, the number of events (Adyen: items) processed,
-//!   not replayed.
+//!   not replayed;
+//! - `GET /metrics`: Prometheus text (`examples/common/metrics.rs`), idemkey's metrics
+//!   with `--features metrics`.
 //!
 //! Any other path is `404`: the presets' layers wrap the routes only (`route_layer`).
 //!
@@ -78,6 +80,8 @@ use idemkey::server::webhook::{
 };
 use idemkey::store::Store;
 
+#[path = "common/metrics.rs"]
+mod metrics;
 #[path = "common/serve.rs"]
 mod serve;
 #[path = "common/telemetry.rs"]
@@ -313,6 +317,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let store = idemkey::store::open(&args.store).await?;
     let (app, _stats) = app_with(store, args.secret.as_deref(), args.body_read_timeout);
+    let app = app.merge(metrics::install()?);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     eprintln!(
         "webhook_receiver listening on http://{} (store: {}, signatures: {})",

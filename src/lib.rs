@@ -58,6 +58,7 @@ pub mod client;
 mod framing;
 pub mod key;
 pub mod protocol;
+pub mod telemetry;
 
 #[cfg(feature = "server")]
 pub mod fingerprint;

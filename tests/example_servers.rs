@@ -143,6 +143,68 @@ async fn a_put_to_the_charge_route_does_not_burn_its_key() {
     assert!(!post.replayed());
 }
 
+/// The value of the sample `series` (name and labels as Prometheus prints them) in the
+/// page at `GET /metrics`; the page must be Prometheus text.
+#[cfg(feature = "metrics")]
+async fn sample(server: &ExampleServer, series: &str) -> Option<f64> {
+    let resp = support::verifier::http()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .is_ok_and(|ct| ct.starts_with("text/plain; version=0.0.4")),
+        "Prometheus text: {:?}",
+        resp.headers()
+    );
+    let page = resp.text().await.expect("the page reads");
+    assert!(
+        page.contains("# TYPE idemkey_server_requests_total counter"),
+        "{page}"
+    );
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Both example servers answer `GET /metrics` with Prometheus text that counts the
+/// requests they decided, by decision.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_example_servers_serve_prometheus_metrics_counting_decisions() {
+    let charges = charge_server();
+    let client = support::verifier::http();
+    let key = uuid::Uuid::new_v4().to_string();
+    for _ in 0..2 {
+        assert_eq!(
+            support::apps::charge(&client, charges.addr(), &key)
+                .await
+                .status,
+            200
+        );
+    }
+    let fresh = r#"idemkey_server_requests_total{decision="fresh"}"#;
+    let replay = r#"idemkey_server_requests_total{decision="replay"}"#;
+    assert_eq!(sample(&charges, fresh).await, Some(1.0));
+    assert_eq!(sample(&charges, replay).await, Some(1.0));
+
+    let hooks = webhook_receiver(None);
+    let delivery = uuid::Uuid::new_v4().to_string();
+    let headers = github_headers(&delivery, "hook-1", GITHUB_ISSUES, None);
+    let first = deliver(
+        &client,
+        &hooks.url("/webhooks/github"),
+        &headers,
+        GITHUB_ISSUES,
+    )
+    .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(sample(&hooks, fresh).await, Some(1.0));
+    assert_eq!(sample(&hooks, replay).await, None, "nothing replayed yet");
+}
+
 /// `POST /v1/events` streams its events through the verifier as they are made (the
 /// first arrives while the others are still to come: 60 s apart, a layer that held the
 /// stream back would not answer within the test's bound), and a retry of the whole

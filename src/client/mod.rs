@@ -113,6 +113,7 @@ mod profile;
 mod request;
 mod response;
 mod retry;
+mod telemetry;
 
 pub use builder::ClientBuilder;
 pub use error::Error;

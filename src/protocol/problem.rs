@@ -45,6 +45,9 @@ macro_rules! problems {
         /// | `invalid-scope` | 400 | no |
         /// | `signature-rejected` | 401 | no (a webhook delivery whose signature does not verify) |
         /// | `response-failed` | 500 | yes, but its response body failed; the key was released |
+        /// | `record-not-found` | 404 | admin service only: no such record |
+        /// | `admin-request-invalid` | 400 (405 for a method not allowed) | admin service only |
+        /// | `operation-unsupported` | 501 | admin service only: the store cannot do it |
         ///
         /// ```
         /// use idemkey::protocol::Problem;
@@ -124,6 +127,14 @@ problems! {
     SignatureRejected = "signature-rejected", UNAUTHORIZED, "Webhook signature rejected";
     /// The handler ran, but its response body failed; the key was released.
     ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response body failed";
+    /// The admin service (`server::admin::AdminService`, feature `admin`) has no
+    /// record for this scope and key (or no such resource).
+    RecordNotFound = "record-not-found", NOT_FOUND, "No idempotency record found";
+    /// An admin request is malformed: a query parameter is missing or invalid, or the
+    /// method is not allowed on the resource.
+    AdminRequestInvalid = "admin-request-invalid", BAD_REQUEST, "Admin request malformed";
+    /// The store does not implement the operation an admin request asked for.
+    OperationUnsupported = "operation-unsupported", NOT_IMPLEMENTED, "Operation not supported by the store";
 }
 
 /// Other verifiers' names for the same cases: idemkit 1.0 (`urn:idemkit:payload-mismatch`,

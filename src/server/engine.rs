@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::execution::{Execution, Lease, Recordings};
+use super::telemetry::{Decision, ObservedStore};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
@@ -249,7 +250,7 @@ impl Engine {
     pub fn builder(store: impl Store) -> EngineBuilder {
         EngineBuilder {
             cfg: Config {
-                store: Arc::new(store),
+                store: Arc::new(ObservedStore::new(store)),
                 lease: DEFAULT_LEASE,
                 renew_every: DEFAULT_LEASE / 3,
                 renew_every_set: None,
@@ -398,7 +399,10 @@ impl Engine {
         fingerprint: &Fingerprint,
     ) -> Result<Claimed, ClaimError> {
         let id = RecordId::new(scope, key.as_str());
-        Ok(self.claim_id(id, fingerprint.as_bytes()).await?.0)
+        super::telemetry::record_id(&id);
+        let claimed = self.claim_id(id, fingerprint.as_bytes()).await.map(|c| c.0);
+        Decision::of(&claimed).record();
+        claimed
     }
 
     /// Claims like [`Engine::claim`], but a duplicate of a running request (same
@@ -443,7 +447,19 @@ impl Engine {
         up_to: Duration,
     ) -> Result<Claimed, ClaimError> {
         let id = RecordId::new(scope, key.as_str());
-        let fingerprint = fingerprint.as_bytes();
+        super::telemetry::record_id(&id);
+        let claimed = self.wait_for_claim(id, fingerprint.as_bytes(), up_to).await;
+        Decision::of(&claimed).record();
+        claimed
+    }
+
+    /// [`Engine::claim_or_wait`] of a record id.
+    async fn wait_for_claim(
+        &self,
+        id: RecordId,
+        fingerprint: &[u8],
+        up_to: Duration,
+    ) -> Result<Claimed, ClaimError> {
         let (first, _) = self.claim_id(id, fingerprint).await?;
         if !matches!(first, Claimed::InProgress { .. }) || up_to.is_zero() {
             return Ok(first);
@@ -496,7 +512,7 @@ impl Engine {
                 if takeover {
                     tracing::info!(record = %id, "took over a key whose owner's lease expired");
                 }
-                Claimed::Execute(Execution::new(
+                let exec = Execution::new(
                     Arc::clone(&self.cfg.store),
                     Lease {
                         length: self.cfg.lease,
@@ -507,7 +523,8 @@ impl Engine {
                     takeover,
                     self.cfg.retention,
                     Arc::clone(&self.cfg.recordings),
-                ))
+                );
+                Claimed::Execute(exec)
             }
             Ok(Claim::InProgress {
                 fingerprint: held,

@@ -196,7 +196,9 @@ impl Execution {
         self.done = true;
         let recorder = self.recorder();
         let first = recorder.attempt(&payload).await;
-        recorder.persist(payload, first).await
+        let result = recorder.persist(payload, first).await;
+        ended(result.as_ref().map(|()| "recorded"));
+        result
     }
 
     /// Completes the key with `payload` (as [`Execution::complete`]) without waiting for
@@ -233,14 +235,19 @@ impl Execution {
     pub async fn complete_or_defer(mut self, payload: Bytes) -> Result<Completion, StoreError> {
         self.done = true;
         let recorder = self.recorder();
-        match recorder.attempt(&payload).await {
+        let result = match recorder.attempt(&payload).await {
             Ok(()) => Ok(Completion::Recorded),
             Err(e) if e.is_unavailable() => {
                 tracing::warn!(record = %recorder.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
                 Ok(Completion::Deferred(recorder.spawn(payload, Err(e))))
             }
             Err(e) => Err(e),
-        }
+        };
+        ended(result.as_ref().map(|c| match c {
+            Completion::Recorded => "recorded",
+            Completion::Deferred(_) => "deferred",
+        }));
+        result
     }
 
     fn recorder(&self) -> Recorder {
@@ -260,7 +267,9 @@ impl Execution {
     /// leave the key to its lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.done = true;
-        self.store.release(&self.id, self.token).await
+        let result = self.store.release(&self.id, self.token).await;
+        ended(result.as_ref().map(|()| "released"));
+        result
     }
 }
 
@@ -269,6 +278,7 @@ impl Drop for Execution {
         if self.done {
             return;
         }
+        crate::telemetry::server_execution("abandoned");
         let (store, id, token) = (Arc::clone(&self.store), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -278,6 +288,15 @@ impl Drop for Execution {
             });
         }
     }
+}
+
+/// Counts an execution that ended: with `outcome`, or fenced or failed.
+fn ended(result: Result<&'static str, &StoreError>) {
+    crate::telemetry::server_execution(match result {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_fenced() => "fenced",
+        Err(_) => "failed",
+    });
 }
 
 /// Renews a lease in the background while it lives ([`Execution::renew_in_background`]).
@@ -381,9 +400,14 @@ struct Recorder {
 
 impl Recorder {
     async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
-        self.store
+        let result = self
+            .store
             .complete(&self.id, self.token, payload.clone(), self.retention)
-            .await
+            .await;
+        if result.is_ok() {
+            crate::telemetry::server_stored_bytes(payload.len());
+        }
+        result
     }
 
     /// Goes on from the result of the last attempt while the store is unavailable: a

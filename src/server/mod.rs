@@ -83,6 +83,9 @@
 //!
 #![doc = include_str!("queues.md")]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 mod body;
 mod engine;
 mod execution;
@@ -93,6 +96,7 @@ mod policy;
 pub(crate) mod record;
 mod rejection;
 mod stored_response;
+mod telemetry;
 pub mod webhook;
 
 pub use body::{BoxError, RequestBody, ResponseBody};

@@ -40,11 +40,11 @@ pub struct Rejection {
 
 impl Rejection {
     /// `problem` with its default status.
-    fn of(problem: Problem, detail: impl Into<String>) -> Self {
+    pub(crate) fn of(problem: Problem, detail: impl Into<String>) -> Self {
         Self::new(problem, problem.default_status(), detail)
     }
 
-    fn new(problem: Problem, status: StatusCode, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(problem: Problem, status: StatusCode, detail: impl Into<String>) -> Self {
         Self {
             problem,
             status,
@@ -152,15 +152,20 @@ impl Rejection {
         r
     }
 
+    /// This rejection, sent with `Retry-After: after` (whole seconds, rounded up).
+    pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(after)));
+        self
+    }
+
     /// 503 `store-unavailable`, retry after `retry_after`; nothing was executed.
     #[must_use]
     pub fn store_unavailable(after: Duration) -> Self {
-        let mut r = Self::of(
+        Self::of(
             Problem::StoreUnavailable,
             "the idempotency store cannot be reached, so the request was not executed; retry with the same key later",
-        );
-        r.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(after)));
-        r
+        )
+        .with_retry_after(after)
     }
 
     /// 500 `record-unreadable`: a completed record exists but cannot be decoded.
@@ -308,11 +313,13 @@ impl Rejection {
 /// The gRPC status codes the layer answers with (`google.rpc.Code`).
 mod grpc_code {
     pub(super) const INVALID_ARGUMENT: u8 = 3;
+    pub(super) const NOT_FOUND: u8 = 5;
     pub(super) const DEADLINE_EXCEEDED: u8 = 4;
     pub(super) const ALREADY_EXISTS: u8 = 6;
     pub(super) const RESOURCE_EXHAUSTED: u8 = 8;
     pub(super) const FAILED_PRECONDITION: u8 = 9;
     pub(super) const ABORTED: u8 = 10;
+    pub(super) const UNIMPLEMENTED: u8 = 12;
     pub(super) const INTERNAL: u8 = 13;
     pub(super) const UNAVAILABLE: u8 = 14;
     pub(super) const UNAUTHENTICATED: u8 = 16;
@@ -328,6 +335,7 @@ impl Rejection {
     /// | `key-reused` | `ALREADY_EXISTS` (6): the key exists, bound to another request; retrying cannot help, use a new key |
     /// | `missing-key`, `invalid-key`, `invalid-scope`, `body-unreadable` | `INVALID_ARGUMENT` (3) |
     /// | `store-unavailable` | `UNAVAILABLE` (14): retryable, nothing ran |
+    /// | `admin-request-invalid`, `record-not-found`, `operation-unsupported` (admin service) | `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `UNIMPLEMENTED` (12) |
     /// | `body-too-large` | `RESOURCE_EXHAUSTED` (8), as gRPC answers a message over its limit |
     /// | `body-timeout` | `DEADLINE_EXCEEDED` (4) |
     /// | `response-not-stored` | `FAILED_PRECONDITION` (9): it ran, its answer cannot be replayed |
@@ -354,7 +362,10 @@ impl Rejection {
             Problem::MissingKey
             | Problem::InvalidKey
             | Problem::InvalidScope
-            | Problem::BodyUnreadable => INVALID_ARGUMENT,
+            | Problem::BodyUnreadable
+            | Problem::AdminRequestInvalid => INVALID_ARGUMENT,
+            Problem::RecordNotFound => NOT_FOUND,
+            Problem::OperationUnsupported => UNIMPLEMENTED,
             Problem::StoreUnavailable => UNAVAILABLE,
             Problem::BodyTooLarge => RESOURCE_EXHAUSTED,
             Problem::BodyTimeout => DEADLINE_EXCEEDED,

@@ -832,6 +832,10 @@ impl DynamoStore {
 
 #[async_trait::async_trait]
 impl Store for DynamoStore {
+    fn kind(&self) -> &'static str {
+        "dynamodb"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.claim_item(req).await
     }

@@ -270,6 +270,10 @@ impl MemoryStore {
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let now = self.now();
         let claim = self.claim_at(&req, now);

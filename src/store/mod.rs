@@ -311,6 +311,19 @@ pub enum Claim {
 /// `&self`.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// A short, fixed name of the kind of store (`"memory"`, `"redis"`, `"postgres"`,
+    /// ...): the `idemkey.store.kind` of its spans and the `store` label of its metrics
+    /// ([`telemetry`](crate::telemetry)). The default is `"custom"`; a store of your own
+    /// may name itself (keep it one fixed word: it is a metric label).
+    ///
+    /// ```
+    /// use idemkey::store::{MemoryStore, Store};
+    /// assert_eq!(MemoryStore::new().kind(), "memory");
+    /// ```
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
+
     /// Claims the record, or returns the live record in the same call.
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
@@ -409,6 +422,9 @@ pub trait Store: Send + Sync + 'static {
 
 #[async_trait::async_trait]
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         (**self).claim(req).await
     }
@@ -568,6 +584,18 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Unsupported(op),
             source: None,
+        }
+    }
+
+    /// The kind as a fixed name, for telemetry (`error.type`, the `error` label).
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self.kind {
+            StoreErrorKind::Fenced => "fenced",
+            StoreErrorKind::Unavailable(_) => "unavailable",
+            StoreErrorKind::Corrupt(_) => "corrupt",
+            StoreErrorKind::Unsupported(_) => "unsupported",
+            StoreErrorKind::Configuration(_) => "configuration",
+            StoreErrorKind::Unreplicated { .. } => "unreplicated",
         }
     }
 

@@ -449,6 +449,10 @@ fn micros(d: Duration) -> i64 {
 
 #[async_trait::async_trait]
 impl Store for MySqlStore {
+    fn kind(&self) -> &'static str {
+        "mysql"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.claim_row(req).await
     }

@@ -626,6 +626,10 @@ fn micros(d: Duration) -> i64 {
 
 #[async_trait::async_trait]
 impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let row = sqlx::query(sql(&self.sql.claim))
             .bind(req.id.as_bytes().as_slice())

@@ -895,6 +895,10 @@ fn decode_takeover(v: Value) -> Result<Claim, StoreError> {
 
 #[async_trait::async_trait]
 impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let key = self.key(req.id);
         let value = progress_value(&req);

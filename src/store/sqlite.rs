@@ -506,6 +506,10 @@ fn fenced_query<'q>(
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let live = sqlx::query(sql(&self.sql.live))
             .bind(now_ms())

@@ -675,7 +675,8 @@ pub async fn abandoned_claim_is_kept_for_its_retention(store: &Arc<dyn Store>) {
 /// for an absent id; while in progress, the claim's fingerprint, `created` (now, by the
 /// store's clock) and `expires` (the end of the lease, not of the retention); once
 /// completed, the payload's size and `expires` at the end of the retention, `created`
-/// unchanged; `None` again once the retention ended.
+/// unchanged; `None` again once the retention ended. An abandoned claim (lease ended,
+/// nobody took it over) is shown in progress with `expires` in the past.
 pub async fn inspect_shows_the_record(store: &Arc<dyn Store>) {
     assert_eq!(
         inspect(store, &fresh_id()).await,
@@ -747,6 +748,30 @@ pub async fn inspect_shows_the_record(store: &Arc<dyn Store>) {
         done.expires
             .duration_since(done.created)
             .unwrap_or_default()
+    );
+
+    // An abandoned claim (lease ended, nobody took it over) is still shown, in
+    // progress, with its lease end in the past: a stuck key an operator can find.
+    let id = fresh_id();
+    let claimed = Instant::now();
+    expect_acquired(
+        claim_kept(store, &id, b"stuck", FencingToken::random(), SHORT, RETAIN).await,
+        false,
+        "claim",
+    );
+    tokio::time::sleep_until(claimed + SHORT + POLL).await;
+    let stuck = inspect(store, &id)
+        .await
+        .unwrap_or_else(|| panic!("inspect must show an abandoned claim until lease + retention"));
+    assert_eq!(
+        (stuck.state, stuck.payload_len),
+        (RecordState::InProgress, None),
+        "an abandoned claim is shown in progress"
+    );
+    assert!(
+        stuck.expires <= SystemTime::now() + CLOCK_SKEW,
+        "an abandoned claim's expires is its lease end, in the past: {:?}",
+        stuck.expires
     );
 
     // A completed record past its retention is not shown.

@@ -16,6 +16,8 @@
 //! - [`raw`]: HTTP/1.1 over a raw TCP socket (stalled heads, short bodies,
 //!   `Expect: 100-continue`);
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
+//! - [`telemetry`]: the spans and metrics the crate emits, captured (feature
+//!   `metrics`);
 //! - [`cli`]: the `idemkey` command line, one-shot and as a proxy (feature `cli`);
 //! - [`queues`]: the queue consumer examples' scenario: charges, seeded kills, the
 //!   ledger's check;
@@ -39,6 +41,8 @@ pub(crate) mod peers;
 pub(crate) mod queues;
 pub(crate) mod raw;
 pub(crate) mod recorder;
+#[cfg(feature = "metrics")]
+pub(crate) mod telemetry;
 pub(crate) mod verifier;
 pub(crate) mod webhook;
 

@@ -17,6 +17,7 @@ use reqwest_middleware::{Middleware, Next};
 use reqwest_retry::{Retryable, RetryableStrategy};
 use retry_policies::RetryPolicy;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 pub use self::budget::RetryBudget;
 use self::budget::Spent;
@@ -31,6 +32,7 @@ use super::key::KeyResolver;
 use super::outcome::{self, Last};
 use super::profile::{Class, VendorProfile};
 use super::request::Attempt;
+use super::telemetry::{self, WaitReason};
 use crate::IdempotencyKey;
 use crate::protocol::{retry_after, status};
 
@@ -263,6 +265,7 @@ impl RetryMiddleware {
             let started = SystemTime::now();
             let mut attempt = 0u32;
             let mut spent: Option<Spent> = None;
+            let mut waited: Option<(Duration, WaitReason)> = None;
             // Whether any attempt may have sent a byte of the request.
             let mut sent = false;
             let last = loop {
@@ -275,7 +278,8 @@ impl RetryMiddleware {
                         .expect("a single shot is sent once: the loop ends after its answer"),
                     Outgoing::Copies(resend) => resend.copy(),
                 };
-                let run = next.clone().run(this, ext);
+                let span = telemetry::attempt_span(attempt, waited);
+                let run = next.clone().run(this, ext).instrument(span.clone());
                 // The attempt ends at its own timeout or at the deadline, whichever is first.
                 let attempt_ends = self
                     .attempt_timeout
@@ -293,6 +297,7 @@ impl RetryMiddleware {
                     },
                     (None, None) => run.await,
                 };
+                telemetry::attempt_answered(&span, &result);
                 sent |= !outcome::never_left(&result);
                 let (result, class) = if key.is_none() {
                     (result, Class::Other)
@@ -310,7 +315,7 @@ impl RetryMiddleware {
                 if single_shot || !self.wants_retry(&result, class) {
                     break Last::Answer(result, class);
                 }
-                let Some(wait) = policy::next_wait(
+                let Some((wait, asked)) = policy::next_wait(
                     &*self.policy,
                     result.as_ref().ok(),
                     started,
@@ -334,12 +339,30 @@ impl RetryMiddleware {
                     };
                     match budget.try_spend(after_timeout) {
                         Some(s) => spent = Some(s),
-                        None => break Last::BudgetExhausted(result),
+                        None => {
+                            telemetry::budget_exhausted();
+                            break Last::BudgetExhausted(result);
+                        }
                     }
                 }
+                let reason = match &result {
+                    _ if asked => WaitReason::RetryAfter,
+                    Ok(r)
+                        if retry_after::should_retry(
+                            r.headers(),
+                            self.profile.should_retry_headers(),
+                        ) == Some(true) =>
+                    {
+                        WaitReason::Hint
+                    }
+                    _ => WaitReason::Backoff,
+                };
+                telemetry::retry_wait(reason, wait);
+                waited = Some((wait, reason));
                 tracing::debug!(
                     attempt,
                     ?wait,
+                    reason = reason.as_str(),
                     key = key.as_ref().map(IdempotencyKey::as_str),
                     "retrying with the same idempotency key"
                 );
@@ -351,7 +374,9 @@ impl RetryMiddleware {
                     budget.succeeded(spent);
                 }
             }
-            outcome::finish(key, attempt, last, self.deadline, sent)
+            let result = outcome::finish(key, attempt, last, self.deadline, sent);
+            telemetry::call_ended(&result, attempt);
+            result
         }
     }
 }
@@ -394,14 +419,22 @@ impl Middleware for RetryMiddleware {
         };
         // A deadline too far away to represent (`Duration::MAX`) is no deadline.
         let deadline = self.deadline.and_then(|d| Instant::now().checked_add(d));
+        let span = telemetry::call_span(request.request(), key.as_ref());
         match (&self.flights, resolved) {
             (Some(flights), Some(resolved)) if !resolved.random => {
                 let identity = Identity::of(request.request());
-                Box::pin(flights.run(resolved.key, identity, deadline, move || {
-                    self.send(request, ext, next, key, deadline)
-                }))
+                Box::pin(
+                    flights
+                        .run(resolved.key, identity, deadline, move || {
+                            self.send(request, ext, next, key, deadline)
+                        })
+                        .instrument(span),
+                )
             }
-            _ => Box::pin(self.send(request, ext, next, key, deadline)),
+            _ => Box::pin(
+                self.send(request, ext, next, key, deadline)
+                    .instrument(span),
+            ),
         }
     }
 }

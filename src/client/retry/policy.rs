@@ -36,16 +36,16 @@ pub fn default_policy() -> ExponentialBackoff {
         .build_with_max_retries(3)
 }
 
-/// The wait before retry number `retries_so_far + 1`, or `None` when the policy says
-/// stop. The wait a server asks for (`retry-after-ms`, else `Retry-After`) replaces the
-/// backoff, capped at `cap`.
+/// The wait before retry number `retries_so_far + 1`, and whether the server asked for
+/// it, or `None` when the policy says stop. The wait a server asks for
+/// (`retry-after-ms`, else `Retry-After`) replaces the backoff, capped at `cap`.
 pub(super) fn next_wait(
     policy: &(dyn RetryPolicy + Send + Sync),
     answer: Option<&Response>,
     started: SystemTime,
     retries_so_far: u32,
     cap: Duration,
-) -> Option<Duration> {
+) -> Option<(Duration, bool)> {
     let RetryDecision::Retry { execute_after } = policy.should_retry(started, retries_so_far)
     else {
         return None;
@@ -53,5 +53,5 @@ pub(super) fn next_wait(
     let now = SystemTime::now();
     let backoff = execute_after.duration_since(now).unwrap_or_default();
     let asked = answer.and_then(|r| retry_after::asked_wait(r.headers(), now));
-    Some(asked.map_or(backoff, |asked| asked.min(cap)))
+    Some(asked.map_or((backoff, false), |asked| (asked.min(cap), true)))
 }

@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::future::{DetachOnDrop, ResponseFuture};
 use super::grpc;
@@ -21,6 +22,7 @@ use crate::server::execution::Execution;
 use crate::server::policy::{InProgressPolicy, Outcome};
 use crate::server::rejection::Rejection;
 use crate::server::stored_response;
+use crate::server::telemetry::{self, Decision};
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
@@ -94,7 +96,11 @@ where
         // The ready service goes with this request; a clone stays for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(handle(self.cfg.clone(), inner, req))
+        let span = telemetry::request_span(req.method());
+        ResponseFuture::new(telemetry::in_request_span(
+            span,
+            handle(self.cfg.clone(), inner, req),
+        ))
     }
 }
 
@@ -117,6 +123,7 @@ where
     let (parts, body) = req.into_parts();
     let requirement = (cfg.requirement)(&parts);
     if requirement == KeyRequirement::Off {
+        Decision::Unkeyed.record();
         let req = Request::from_parts(parts, RequestBody::passthrough(body));
         return Ok(inner.call(req).await?.map(ResponseBody::wrap));
     }
@@ -126,19 +133,20 @@ where
     // A key (and scope) judged from the head alone is answered before the body is read.
     let head = match judge_head(&cfg, &parts, requirement) {
         Ok(head) => head,
-        Err(rejection) => return Ok(rejection.answer(grpc)),
+        Err(rejection) => return Ok(rejected(rejection, grpc)),
     };
     let bytes = match read_body(&cfg, &parts, body).await {
         Ok(b) => b,
-        Err(rejection) => return Ok(rejection.answer(grpc)),
+        Err(rejection) => return Ok(rejected(rejection, grpc)),
     };
     let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
         Ok(Some(found)) => found,
         Ok(None) => {
+            Decision::Unkeyed.record();
             let req = Request::from_parts(parts, RequestBody::buffered(bytes));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));
         }
-        Err(rejection) => return Ok(rejection.answer(grpc)),
+        Err(rejection) => return Ok(rejected(rejection, grpc)),
     };
     let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
     let claimed = match cfg.in_progress {
@@ -155,7 +163,7 @@ where
             // Polled in place; if the caller goes away (hyper drops this future), the
             // rest moves to a spawned task, so the handler still finishes and its
             // outcome is recorded.
-            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc)).await
+            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc).in_current_span()).await
         }
         Ok(Claimed::Replay(payload)) => {
             Ok(
@@ -170,6 +178,12 @@ where
         Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).answer(grpc)),
         Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).answer(grpc)),
     }
+}
+
+/// The answer to a request refused before any claim.
+fn rejected(rejection: Rejection, grpc: bool) -> Response<ResponseBody> {
+    Decision::Rejected.record();
+    rejection.answer(grpc)
 }
 
 /// What the head alone told of a request's key and scope: filled in when their
@@ -262,7 +276,7 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let resp = match exec.run(inner.call(req)).await {
+    let resp = match exec.run(telemetry::timed_handler(inner.call(req))).await {
         Ok(r) => r,
         Err(e) => {
             tee::settle(exec.release().await, "release");

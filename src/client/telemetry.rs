@@ -1,0 +1,131 @@
+//! The client's spans and metrics (see [`crate::telemetry`] for the names): one span
+//! per logical call, one child span per attempt.
+
+use std::time::Duration;
+
+use reqwest::{Request, Response};
+use tracing::Span;
+use tracing::field::Empty;
+
+use super::error::Error;
+use super::response::ResponseExt;
+use crate::IdempotencyKey;
+use crate::telemetry;
+
+/// Why the loop waits before an attempt (`idemkey.wait_reason`, the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitReason {
+    /// The retry policy's backoff.
+    Backoff,
+    /// The server asked for the wait (`retry-after-ms`, `Retry-After`).
+    RetryAfter,
+    /// The server's retry hint (`x-should-retry: true`) made it a retry; the wait is the
+    /// backoff.
+    Hint,
+}
+
+impl WaitReason {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Backoff => "backoff",
+            Self::RetryAfter => "retry_after",
+            Self::Hint => "hint",
+        }
+    }
+}
+
+/// The span of one logical call. Its fields are formatted only when a subscriber wants
+/// the span (the URL is copied, without its query, only then).
+pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
+    let span = tracing::info_span!(
+        target: "idemkey::client",
+        "idemkey.call",
+        http.request.method = req.method().as_str(),
+        url.full = Empty,
+        idemkey.key = key.map(IdempotencyKey::as_str),
+        idemkey.attempts = Empty,
+        idemkey.outcome = Empty,
+        idemkey.replayed = Empty,
+        http.response.status_code = Empty,
+    );
+    if !span.is_disabled() {
+        let mut url = req.url().clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        // Credentials never go into telemetry.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        span.record("url.full", url.as_str());
+    }
+    span
+}
+
+/// The span of attempt number `attempt` (1 for the first), with the wait before it.
+pub(super) fn attempt_span(attempt: u32, waited: Option<(Duration, WaitReason)>) -> Span {
+    tracing::debug_span!(
+        target: "idemkey::client",
+        "idemkey.attempt",
+        http.request.resend_count = attempt.saturating_sub(1),
+        idemkey.wait_ms = waited.map(|(d, _)| d.as_millis() as u64),
+        idemkey.wait_reason = waited.map(|(_, r)| r.as_str()),
+        http.response.status_code = Empty,
+        error.type = Empty,
+    )
+}
+
+/// Records how an attempt was answered on its span.
+pub(super) fn attempt_answered(span: &Span, result: &reqwest_middleware::Result<Response>) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        Ok(r) => span.record("http.response.status_code", r.status().as_u16()),
+        Err(e) => span.record("error.type", error_type(e)),
+    };
+}
+
+/// A retry was due and the retry budget refused it.
+pub(super) fn budget_exhausted() {
+    telemetry::client_budget_exhausted();
+}
+
+/// The loop waits `wait` before its next attempt.
+pub(super) fn retry_wait(reason: WaitReason, wait: Duration) {
+    telemetry::client_retry_wait(reason.as_str(), wait);
+}
+
+/// Records how the call ended, on the current span (the call's) and in the metrics.
+pub(super) fn call_ended(result: &reqwest_middleware::Result<Response>, attempts: u32) {
+    let (outcome, replayed) = match result {
+        Ok(r) => ("response", r.idempotency().is_some_and(|i| i.replayed())),
+        Err(e) => (error_type(e), false),
+    };
+    telemetry::client_call(outcome, replayed, attempts);
+    let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record("idemkey.attempts", attempts);
+    span.record("idemkey.outcome", outcome);
+    span.record("idemkey.replayed", replayed);
+    let response = match result {
+        Ok(r) => Some(r),
+        Err(e) => Error::from_middleware(e).and_then(Error::response),
+    };
+    if let Some(r) = response {
+        span.record("http.response.status_code", r.status().as_u16());
+    }
+}
+
+/// A bounded name for an error: the typed error's kind, else the transport's.
+fn error_type(e: &reqwest_middleware::Error) -> &'static str {
+    if let Some(e) = Error::from_middleware(e) {
+        return e.kind_str();
+    }
+    match e {
+        reqwest_middleware::Error::Reqwest(e) if e.is_timeout() => "timeout",
+        reqwest_middleware::Error::Reqwest(e) if e.is_connect() => "connect",
+        reqwest_middleware::Error::Reqwest(_) => "transport",
+        reqwest_middleware::Error::Middleware(_) => "middleware",
+    }
+}

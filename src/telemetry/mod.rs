@@ -1,0 +1,165 @@
+#![doc = include_str!("spans.md")]
+#![doc = include_str!("metrics.md")]
+// Each emitter takes its labels and values as arguments; without the `metrics` feature
+// its body is compiled out and they go unused (and a half may use none of them).
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#![cfg_attr(
+    not(all(feature = "client", feature = "server", feature = "metrics")),
+    allow(dead_code)
+)]
+
+use std::time::Duration;
+
+/// `true` when the `metrics` feature is on: durations are measured for histograms only
+/// then (or when a span wants them).
+pub(crate) const METRICS: bool = cfg!(feature = "metrics");
+
+/// The body of an emitter, compiled only with the `metrics` feature.
+macro_rules! emit {
+    ($($body:tt)*) => {
+        #[cfg(feature = "metrics")]
+        {
+            $($body)*
+        }
+    };
+}
+
+// The metric names, once; `metrics.md` documents each.
+const SERVER_REQUESTS: &str = "idemkey_server_requests_total";
+const SERVER_EXECUTIONS: &str = "idemkey_server_executions_total";
+const SERVER_FENCED_WRITES: &str = "idemkey_server_fenced_writes_total";
+const SERVER_HANDLER_DURATION: &str = "idemkey_server_handler_duration_seconds";
+const SERVER_STORED_BYTES: &str = "idemkey_server_stored_response_bytes";
+const STORE_DURATION: &str = "idemkey_store_operation_duration_seconds";
+const STORE_ERRORS: &str = "idemkey_store_errors_total";
+const CLIENT_CALLS: &str = "idemkey_client_calls_total";
+const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
+const CLIENT_RETRY_WAIT: &str = "idemkey_client_retry_wait_seconds";
+const CLIENT_BUDGET_EXHAUSTED: &str = "idemkey_client_retry_budget_exhausted_total";
+
+/// One request (or [`Engine::claim`](crate::server::Engine::claim)) decided.
+pub(crate) fn server_request(decision: &'static str) {
+    emit!(metrics::counter!(SERVER_REQUESTS, "decision" => decision).increment(1));
+}
+
+/// One execution (a claim that ran) ended with `outcome`.
+pub(crate) fn server_execution(outcome: &'static str) {
+    emit!(metrics::counter!(SERVER_EXECUTIONS, "outcome" => outcome).increment(1));
+}
+
+/// A handler ran for `took` (until its response head).
+pub(crate) fn server_handler_duration(took: Duration) {
+    emit!(metrics::histogram!(SERVER_HANDLER_DURATION).record(took.as_secs_f64()));
+}
+
+/// A response of `len` bytes (the encoded record) was stored.
+pub(crate) fn server_stored_bytes(len: usize) {
+    emit!(metrics::histogram!(SERVER_STORED_BYTES).record(len as f64));
+}
+
+/// A store operation ended after `took`, failing with `error` (a
+/// `StoreError::kind_name`) or not.
+pub(crate) fn store_operation(
+    store: &'static str,
+    operation: &'static str,
+    took: Duration,
+    error: Option<&'static str>,
+) {
+    emit! {
+        metrics::histogram!(STORE_DURATION, "store" => store, "operation" => operation)
+            .record(took.as_secs_f64());
+        match error {
+            None => {}
+            Some("fenced") => {
+                metrics::counter!(SERVER_FENCED_WRITES, "operation" => operation).increment(1);
+            }
+            Some(error) => {
+                metrics::counter!(STORE_ERRORS, "store" => store, "operation" => operation, "error" => error)
+                    .increment(1);
+            }
+        }
+    }
+}
+
+/// A client call ended with `outcome` after `attempts` attempts.
+pub(crate) fn client_call(outcome: &'static str, replayed: bool, attempts: u32) {
+    emit! {
+        let replayed = if replayed { "true" } else { "false" };
+        metrics::counter!(CLIENT_CALLS, "outcome" => outcome, "replayed" => replayed).increment(1);
+        metrics::histogram!(CLIENT_ATTEMPTS).record(f64::from(attempts));
+    }
+}
+
+/// The client waits `wait` before its next attempt, for `reason`.
+pub(crate) fn client_retry_wait(reason: &'static str, wait: Duration) {
+    emit!(metrics::histogram!(CLIENT_RETRY_WAIT, "reason" => reason).record(wait.as_secs_f64()));
+}
+
+/// A retry was due and the retry budget refused it.
+pub(crate) fn client_budget_exhausted() {
+    emit!(metrics::counter!(CLIENT_BUDGET_EXHAUSTED).increment(1));
+}
+
+/// Gives every metric of this crate its description and unit, in the recorder
+/// installed now (an exporter shows them, as Prometheus' `# HELP` and `# TYPE` lines).
+/// Optional: the metrics are emitted either way. Call it once, after installing the
+/// recorder.
+///
+/// ```
+/// # #[cfg(feature = "metrics")] {
+/// let recorder = metrics_util::debugging::DebuggingRecorder::new();
+/// metrics::with_local_recorder(&recorder, idemkey::telemetry::describe_metrics);
+/// # }
+/// ```
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe_metrics() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(
+        SERVER_REQUESTS,
+        Unit::Count,
+        "Keyed requests by the verifier's decision"
+    );
+    describe_counter!(
+        SERVER_EXECUTIONS,
+        Unit::Count,
+        "Claimed executions by how they ended"
+    );
+    describe_counter!(
+        SERVER_FENCED_WRITES,
+        Unit::Count,
+        "Writes of an owner that lost its key, refused by the store"
+    );
+    describe_histogram!(
+        SERVER_HANDLER_DURATION,
+        Unit::Seconds,
+        "Time a claimed handler took to its response head"
+    );
+    describe_histogram!(
+        SERVER_STORED_BYTES,
+        Unit::Bytes,
+        "Size of each outcome recorded"
+    );
+    describe_histogram!(STORE_DURATION, Unit::Seconds, "Latency of store operations");
+    describe_counter!(
+        STORE_ERRORS,
+        Unit::Count,
+        "Store operations that failed (fenced writes excluded)"
+    );
+    describe_counter!(CLIENT_CALLS, Unit::Count, "Logical client calls by outcome");
+    describe_histogram!(
+        CLIENT_ATTEMPTS,
+        Unit::Count,
+        "Attempts sent per logical client call"
+    );
+    describe_histogram!(
+        CLIENT_RETRY_WAIT,
+        Unit::Seconds,
+        "Waits before a retry, by reason"
+    );
+    describe_counter!(
+        CLIENT_BUDGET_EXHAUSTED,
+        Unit::Count,
+        "Retries refused by the retry budget"
+    );
+}
