@@ -7,9 +7,15 @@
 //! - `unjournaled`: `client.post(..).send()`, the body read (the baseline);
 //! - `sqlite`: the same through an [`Outbox`] over a `SqliteJournal` (WAL,
 //!   `synchronous = FULL`, group commit) in a temporary file;
+//! - `sqlite-awaited`: the same journal with every outcome's commit awaited by the send
+//!   (as before outcomes were deferred), to see what deferring buys in the same run;
 //! - `postgres`: the same over a `PostgresJournal` on the shared PostgreSQL
 //!   (`IDEMKEY_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in a
 //!   table of its own, dropped at the end.
+//!
+//! A send returns once its outcome is queued, without waiting for the outcome's commit;
+//! each measurement ends with `Outbox::flush` inside the timed span, so every outcome it
+//! recorded is durable and its commits are counted in it.
 //!
 //! Every kind is measured three times, interleaved, and the median kept; throughput is
 //! given as a ratio to the unjournaled baseline of the same concurrency, with the
@@ -23,7 +29,10 @@ use std::time::Instant;
 
 use axum::routing::post;
 use idemkey::client::ClientBuilder;
-use idemkey::client::outbox::{Outbox, OutboxExt, PostgresJournal, SqliteJournal};
+use idemkey::client::outbox::{
+    Enqueued, Journal, JournalError, Operation, Outbox, OutboxExt, Outcome, PostgresJournal,
+    SqliteJournal,
+};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use idemkey::testing::TestServer;
@@ -31,10 +40,34 @@ use reqwest_middleware::ClientWithMiddleware;
 
 const ROUNDS: usize = 3;
 
+/// A SQLite journal whose deferred outcomes are awaited: the trait's default
+/// `complete_deferred` (which awaits `complete`), every other method delegated.
+struct Awaited(SqliteJournal);
+
+#[async_trait::async_trait]
+impl Journal for Awaited {
+    async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError> {
+        self.0.enqueue(op).await
+    }
+    async fn begin_attempt(&self, id: &str) -> Result<Option<u32>, JournalError> {
+        self.0.begin_attempt(id).await
+    }
+    async fn complete(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
+        self.0.complete(id, outcome).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<Operation>, JournalError> {
+        self.0.get(id).await
+    }
+    async fn pending(&self, limit: usize) -> Result<Vec<Operation>, JournalError> {
+        self.0.pending(limit).await
+    }
+}
+
 #[derive(Clone)]
 enum Kind {
     Unjournaled,
     Sqlite(SqliteJournal, Outbox),
+    SqliteAwaited(SqliteJournal, Outbox),
     Postgres(PostgresJournal, Outbox),
 }
 
@@ -43,6 +76,7 @@ impl Kind {
         match self {
             Kind::Unjournaled => "unjournaled",
             Kind::Sqlite(..) => "sqlite",
+            Kind::SqliteAwaited(..) => "sqlite-awaited",
             Kind::Postgres(..) => "postgres",
         }
     }
@@ -50,8 +84,18 @@ impl Kind {
     fn commits(&self) -> u64 {
         match self {
             Kind::Unjournaled => 0,
-            Kind::Sqlite(j, _) => j.commits(),
+            Kind::Sqlite(j, _) | Kind::SqliteAwaited(j, _) => j.commits(),
             Kind::Postgres(j, _) => j.commits(),
+        }
+    }
+
+    /// Every recorded outcome durable.
+    async fn flush(&self) {
+        if let Kind::Sqlite(_, outbox)
+        | Kind::SqliteAwaited(_, outbox)
+        | Kind::Postgres(_, outbox) = self
+        {
+            outbox.flush().await.expect("flushed");
         }
     }
 
@@ -65,7 +109,9 @@ impl Kind {
                 let response = request.send().await.expect("the verifier answers");
                 response.bytes().await.expect("the body");
             }
-            Kind::Sqlite(_, outbox) | Kind::Postgres(_, outbox) => {
+            Kind::Sqlite(_, outbox)
+            | Kind::SqliteAwaited(_, outbox)
+            | Kind::Postgres(_, outbox) => {
                 let outcome = request.outbox(outbox, id).send().await.expect("sent");
                 assert_eq!(outcome.status, 201);
             }
@@ -98,6 +144,7 @@ async fn measure(
     while let Some(done) = tasks.join_next().await {
         done.expect("caller");
     }
+    kind.flush().await;
     let elapsed = started.elapsed().as_secs_f64();
     let calls = (callers * per_caller) as f64;
     (calls / elapsed, (kind.commits() - before) as f64 / calls)
@@ -136,7 +183,8 @@ async fn main() {
         .unwrap_or_else(|e| panic!("the PostgreSQL at {pg_url} must be reachable: {e}"));
     let kinds = [
         Kind::Unjournaled,
-        Kind::Sqlite(sqlite.clone(), Outbox::new(sqlite)),
+        Kind::Sqlite(sqlite.clone(), Outbox::new(sqlite.clone())),
+        Kind::SqliteAwaited(sqlite.clone(), Outbox::new(Awaited(sqlite))),
         Kind::Postgres(postgres.clone(), Outbox::new(postgres)),
     ];
 
@@ -145,12 +193,21 @@ async fn main() {
     for (callers, per_caller) in [(1, 150), (64, 16)] {
         // Warm-up: connections, prepared statements.
         for kind in &kinds {
-            measure(kind, &client, &url, callers, 2, &format!("warm-{callers}")).await;
+            measure(
+                kind,
+                &client,
+                &url,
+                callers,
+                2,
+                &format!("{}-warm-{callers}", kind.name()),
+            )
+            .await;
         }
         let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); kinds.len()];
         for round in 0..ROUNDS {
             for (k, kind) in kinds.iter().enumerate() {
-                let run = format!("c{callers}-r{round}");
+                // Ids of their own per kind: the two SQLite kinds share one journal.
+                let run = format!("{}-c{callers}-r{round}", kind.name());
                 results[k].push(measure(kind, &client, &url, callers, per_caller, &run).await);
             }
         }

@@ -222,7 +222,11 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }
 
-    // 3. The tally.
+    // 3. Every recorded outcome durable before the tally and the exit (sends do not
+    //    wait for their outcome's commit; a crash before it would only mean a replay).
+    outbox.flush().await.map_err(|e| e.to_string())?;
+
+    // 4. The tally.
     let (mut done, mut pending, mut expired) = (0, 0, 0);
     for i in 1..=args.count {
         match outbox.operation(&format!("charge:{i}")).await {

@@ -2,8 +2,8 @@
 //! charge app (every case passes) and against small servers broken one way each (that
 //! case fails, and only it); `proxy` in front of a Python API with no idempotency of its
 //! own, driven by stripe-node through `--faults` (and, as the control, the same faults
-//! with `--no-verify`, where lost answers run twice); `--audit`; a graceful shutdown;
-//! `inspect`, `release` and `stuck` on a SQLite store.
+//! with `--no-verify`, where lost answers run twice); `--audit`; `GET /metrics` (with
+//! `metrics`); a graceful shutdown; `inspect`, `release` and `stuck` on a SQLite store.
 
 mod support;
 
@@ -388,6 +388,54 @@ async fn proxy_audit_reports_a_key_changed_between_retries() {
             &reports[0]["key"]
         ),
         (&"key-changed".into(), &"k-1".into(), &"k-2".into())
+    );
+}
+
+/// With `metrics`, the proxy answers `GET /metrics` itself: the verifier's decisions as
+/// Prometheus text, one fresh request and its replay.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_serves_its_decisions_at_metrics() {
+    let upstream = PythonVerifier::start_script("upstream.py", &[]).await;
+    let proxy = Proxy::start(&["--upstream", &upstream.url("")]);
+    let client = reqwest::Client::new();
+    for expected_replay in [false, true] {
+        let answer = client
+            .post(proxy.url("/v1/charges"))
+            .header("idempotency-key", "k-metrics")
+            .header("content-type", "application/json")
+            .body(CHARGE)
+            .send()
+            .await
+            .expect("a keyed charge");
+        assert_eq!(answer.status(), 200);
+        assert_eq!(
+            answer.headers().contains_key("idempotent-replayed"),
+            expected_replay
+        );
+    }
+    assert_eq!(upstream.executions().await, 1);
+    let page = client
+        .get(proxy.url("/metrics"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("GET /metrics");
+    assert_eq!(
+        page.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = page.text().await.expect("the page");
+    let lines: Vec<&str> = text.lines().collect();
+    for series in [
+        r#"idemkey_server_requests_total{decision="fresh"} 1"#,
+        r#"idemkey_server_requests_total{decision="replay"} 1"#,
+    ] {
+        assert!(lines.contains(&series), "no {series:?} in:\n{text}");
+    }
+    assert!(
+        lines.contains(&"# TYPE idemkey_server_requests_total counter"),
+        "{text}"
     );
 }
 

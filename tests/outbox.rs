@@ -134,6 +134,74 @@ async fn an_operation_is_sent_once_and_its_outcome_recorded() {
     );
 }
 
+/// Sends 8 charges at once through `outbox`; right after each send, `outcome(id)`
+/// returns the outcome the send returned and `pending()` does not list it (the
+/// outcome's commit is not awaited by the send: read-your-writes). Then `flush`.
+async fn outcomes_are_read_back_right_after_the_send(outbox: &Outbox, run: &str) {
+    let (server, app) = charge_server().await;
+    let client = support::client::builder(3).build();
+    let url = server.url("/v1/charges");
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let (outbox, client, url) = (outbox.clone(), client.clone(), url.clone());
+        let id = format!("charge:{run}:{i}");
+        tasks.spawn(async move {
+            let outcome = charge(&client, &url, &id, 100)
+                .outbox(&outbox, id.as_str())
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(
+                outbox.outcome(&id).await.expect("outcome"),
+                Some(outcome),
+                "{id}: outcome(id) right after the send"
+            );
+            let pending = outbox.pending().await.expect("pending");
+            assert!(
+                !pending.iter().any(|op| op.id == id),
+                "{id}: pending() right after the send lists it"
+            );
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("caller");
+    }
+    outbox.flush().await.expect("flush");
+    assert_eq!(app.executions().count(), 8);
+}
+
+#[tokio::test]
+async fn memory_outcomes_are_read_back_right_after_the_send() {
+    outcomes_are_read_back_right_after_the_send(&outbox(MemoryJournal::new()), "memory").await;
+}
+
+#[tokio::test]
+async fn sqlite_outcomes_are_read_back_right_after_the_send_and_durable_after_flush() {
+    let dir = support::TempDir::new("idemkey-outbox");
+    let path = dir.path().join("outbox.db");
+    let journal = SqliteJournal::open(&path).await.expect("open");
+    outcomes_are_read_back_right_after_the_send(&outbox(journal), "sqlite").await;
+    // After the flush, another journal on the file (another process's view) has them.
+    let reopened = outbox(SqliteJournal::open(&path).await.expect("reopen"));
+    for i in 0..8 {
+        let id = format!("charge:sqlite:{i}");
+        assert!(
+            reopened.outcome(&id).await.expect("outcome").is_some(),
+            "{id} is on disk after flush"
+        );
+    }
+    assert!(reopened.pending().await.expect("pending").is_empty());
+}
+
+#[tokio::test]
+async fn postgres_outcomes_are_read_back_right_after_the_send() {
+    let table = support::unique("idemkey_outbox_test");
+    let journal = postgres_journal(&table).await;
+    outcomes_are_read_back_right_after_the_send(&outbox(journal.clone()), "postgres").await;
+    assert!(journal.pending(100).await.expect("pending").is_empty());
+    support::drop_postgres_table(&table).await;
+}
+
 #[tokio::test]
 async fn the_same_id_with_a_different_body_is_refused_before_sending() {
     let (server, app) = charge_server().await;

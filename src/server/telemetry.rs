@@ -20,7 +20,9 @@ use http::Method;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
+use crate::store::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, Watch,
+};
 use crate::telemetry;
 
 /// What the verifier decided for a request: the `idemkey.decision` field of its span
@@ -398,5 +400,11 @@ impl<S: Store> Store for ObservedStore<S> {
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         self.observe("list_in_progress", self.inner.list_in_progress(limit))
             .await
+    }
+    // Forwarded unobserved: a watch is a subscription that lives as long as a waiter
+    // waits, not an operation with a duration. Without this line the trait's polling
+    // default would hide the store's notifications from every waiting duplicate.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        self.inner.watch(id).await
     }
 }

@@ -45,6 +45,7 @@ where
     first_outcome_wins(make().await).await;
     pending_lists_pending_oldest_first(make().await).await;
     absent_operations_are_absent(make().await).await;
+    deferred_outcomes_are_read_back_at_once(make().await).await;
 }
 
 /// An id no other check (or run) uses.
@@ -93,6 +94,16 @@ fn outcome(body: &'static [u8]) -> Outcome {
         body_truncated: true,
         completed: at_ms(1_700_000_123_456),
     }
+}
+
+/// Whether `pending` lists the operation `id`.
+async fn is_listed_pending(journal: &impl Journal, id: &str) -> bool {
+    journal
+        .pending(10_000)
+        .await
+        .expect("pending")
+        .iter()
+        .any(|p| p.id == id)
 }
 
 /// Contract 1 and 5: a new operation is inserted, and read back with every field
@@ -152,12 +163,7 @@ pub async fn enqueue_with_an_outcome_is_completed(journal: impl Journal) {
     journal.enqueue(&op).await.expect("enqueue");
     assert_eq!(journal.get(&op.id).await.expect("get"), Some(op.clone()));
     assert!(
-        !journal
-            .pending(10_000)
-            .await
-            .expect("pending")
-            .iter()
-            .any(|p| p.id == op.id),
+        !is_listed_pending(&journal, &op.id).await,
         "a completed operation is not pending"
     );
 }
@@ -253,4 +259,52 @@ pub async fn absent_operations_are_absent(journal: impl Journal) {
             .await
             .expect("complete")
     );
+}
+
+/// Contract 6: an outcome recorded with `complete_deferred` is read back at once (get,
+/// pending, begin_attempt, a second enqueue), the first one stays, and `flush` succeeds.
+pub async fn deferred_outcomes_are_read_back_at_once(journal: impl Journal) {
+    let op = operation(&unique("deferred"), at_ms(13));
+    journal.enqueue(&op).await.expect("enqueue");
+    let first = outcome(b"deferred");
+    assert!(
+        journal
+            .complete_deferred(&op.id, &first)
+            .await
+            .expect("complete_deferred"),
+        "a pending operation takes a deferred outcome"
+    );
+    let read = journal.get(&op.id).await.expect("get").expect("recorded");
+    assert_eq!(
+        read.outcome.as_ref(),
+        Some(&first),
+        "get returns the deferred outcome at once"
+    );
+    assert!(
+        !is_listed_pending(&journal, &op.id).await,
+        "an operation with a deferred outcome is not pending"
+    );
+    assert_eq!(
+        journal.begin_attempt(&op.id).await.expect("attempt"),
+        None,
+        "an operation with a deferred outcome takes no attempt"
+    );
+    match journal.enqueue(&op).await.expect("enqueue again") {
+        Enqueued::Existing(existing) => assert_eq!(
+            existing.outcome.as_ref(),
+            Some(&first),
+            "a second enqueue returns the deferred outcome"
+        ),
+        Enqueued::Inserted => panic!("a second enqueue of one id inserted"),
+    }
+    let mut second = outcome(b"second");
+    second.status = StatusCode::OK;
+    journal
+        .complete_deferred(&op.id, &second)
+        .await
+        .expect("complete_deferred again");
+    journal.flush().await.expect("flush");
+    let read = journal.get(&op.id).await.expect("get").expect("recorded");
+    assert_eq!(read.outcome, Some(first), "the first outcome is the record");
+    assert_eq!(read.attempts, op.attempts, "no attempt was counted");
 }

@@ -96,6 +96,29 @@ pub enum Enqueued {
 ///    lists the pending ones, oldest first.
 /// 5. Every field comes back unchanged: headers (names and byte values, repeated
 ///    names in order), body bytes, times to the millisecond.
+/// 6. [`complete_deferred`](Journal::complete_deferred) records an outcome as
+///    [`complete`](Journal::complete) does, without waiting for it to be durable. From
+///    the moment it returns, this journal (and its clones) reads it back:
+///    [`get`](Journal::get) returns it, [`pending`](Journal::pending) leaves the
+///    operation out, [`begin_attempt`](Journal::begin_attempt) takes no attempt, a
+///    second enqueue returns it. It is durable once [`flush`](Journal::flush) returns.
+///    Writes that wait ([`enqueue`](Journal::enqueue),
+///    [`begin_attempt`](Journal::begin_attempt)) commit after every outcome queued
+///    before them, so a crash loses only outcomes queued after the last write that
+///    returned.
+///
+/// **Why losing a deferred outcome is safe.** A crash before the outcome's commit leaves
+/// the operation pending on disk, exactly as a crash just before the outcome was known
+/// does. The next [`Outbox::resume`](super::Outbox::resume) re-sends it with the same key
+/// and body, and the server answers with its stored replay: nothing executes twice (as
+/// long as the resume comes within the remote API's retention window, which the outbox
+/// enforces).
+///
+/// Which journal defers: [`MemoryJournal`](super::MemoryJournal) records at once (the
+/// default methods). `SqliteJournal` queues the outcome to its writer, committed with
+/// the next group commit. `PostgresJournal` keeps awaiting its commit (the default
+/// methods): its writes do not go through one ordered writer, so deferring would break
+/// the ordering above.
 #[async_trait]
 pub trait Journal: Send + Sync + 'static {
     /// Records `op` (pending, or with its outcome) unless an operation with its id
@@ -109,6 +132,31 @@ pub trait Journal: Send + Sync + 'static {
     /// Records the outcome of the pending operation `id`: `true` if this call recorded
     /// it, `false` when it was absent or already completed.
     async fn complete(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError>;
+
+    /// Records the outcome of the pending operation `id` without waiting for it to be
+    /// durable (contract point 6): read back at once by this journal, durable after
+    /// [`flush`](Journal::flush). `false` when this journal knows at once that it changes
+    /// nothing (absent, completed, or an outcome is queued already: the first stays);
+    /// `true` otherwise.
+    ///
+    /// The default records it at once, with [`complete`](Journal::complete).
+    async fn complete_deferred(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
+        self.complete(id, outcome).await
+    }
+
+    /// Waits until every outcome queued by
+    /// [`complete_deferred`](Journal::complete_deferred) before this call is durable.
+    /// Call it before the process exits (the [`Outbox::flush`](super::Outbox::flush) of
+    /// the outbox over this journal does).
+    ///
+    /// The default does nothing: a journal that records at once has nothing to wait for.
+    ///
+    /// # Errors
+    /// A queued outcome could not be written since the last flush: its operation is
+    /// pending in the journal, and a resume finishes it (with the server's replay).
+    async fn flush(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
 
     /// The operation `id`, if recorded.
     async fn get(&self, id: &str) -> Result<Option<Operation>, JournalError>;

@@ -16,7 +16,10 @@
 //! 3. It is sent through your usual client stack (same retries, same key), and its final
 //!    answer is recorded: status, replayed or not, attempts, headers and body (up to
 //!    [`OutboxBuilder::body_limit`]). When no final answer came
-//!    ([`OutboxError::is_outcome_unknown`]) it stays **pending**.
+//!    ([`OutboxError::is_outcome_unknown`]) it stays **pending**. The caller gets the
+//!    answer without waiting for the outcome's commit (reads in this process see it at
+//!    once; [`Outbox::flush`] waits for it, call it before exiting): a crash before that
+//!    commit leaves the operation pending, and a resume gets the server's replay.
 //! 4. After a restart, [`Outbox::outcome`] answers what happened, [`Outbox::pending`]
 //!    lists what is unknown, and [`Outbox::resume`] (or the background
 //!    [`Outbox::spawn_resumer`]) re-sends each pending operation with its original key
@@ -57,6 +60,7 @@
 //! let known = outbox.outcome("charge:order-42").await?.expect("recorded");
 //! assert_eq!(known.body, outcome.body);
 //! assert!(outbox.pending().await?.is_empty());
+//! outbox.flush().await?; // before exiting: every recorded outcome durable
 //! # Ok(())
 //! # }
 //! ```
@@ -358,6 +362,32 @@ impl Outbox {
         Ok(self.inner.journal.get(id).await?.and_then(|op| op.outcome))
     }
 
+    /// Waits until every outcome this process recorded so far is durable in the journal.
+    ///
+    /// Sends return as soon as their answer is known and its outcome queued, without
+    /// waiting for the outcome's commit (the operation itself was durable before its
+    /// first byte went out). Reads in this process ([`Outbox::outcome`],
+    /// [`Outbox::pending`], [`Outbox::resume`]) see queued outcomes at once; a crash
+    /// before their commit leaves those operations pending, and the next resume gets the
+    /// server's replay. Call `flush` before the process exits, so that a clean exit
+    /// leaves nothing to resume:
+    ///
+    /// ```
+    /// use idemkey::client::outbox::{MemoryJournal, Outbox};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let outbox = Outbox::new(MemoryJournal::new());
+    /// // ... sends ...
+    /// outbox.flush().await?; // every recorded outcome is durable now
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`OutboxError::is_journal`]: a queued outcome could not be written; its operation
+    /// is pending in the journal, and [`Outbox::resume`] finishes it.
+    pub async fn flush(&self) -> Result<(), OutboxError> {
+        Ok(self.inner.journal.flush().await?)
+    }
+
     /// The operation `id` as recorded, if it is.
     ///
     /// # Errors
@@ -448,7 +478,15 @@ impl Outbox {
         if let Some(hook) = &self.inner.before_record {
             hook(op);
         }
-        if !self.inner.journal.complete(&op.id, &outcome).await? {
+        // Queued, not awaited: the answer goes back one synced commit sooner. A crash
+        // before its commit leaves the operation pending, and a resume gets the replay
+        // (journal contract, point 6).
+        if !self
+            .inner
+            .journal
+            .complete_deferred(&op.id, &outcome)
+            .await?
+        {
             // Another send recorded an outcome first: that one is the record.
             if let Some(first) = self.outcome(&op.id).await? {
                 return Ok(first);
@@ -558,6 +596,12 @@ pub struct OutboxCall {
 impl OutboxCall {
     /// Records the operation (durably, before anything is sent), sends it through the
     /// client it was built on, and records its final answer.
+    ///
+    /// The answer is returned once its outcome is queued to the journal, without waiting
+    /// for the outcome to be durable: [`Outbox::outcome`] and [`Outbox::pending`] in this
+    /// process see it at once, and [`Outbox::flush`] waits for it. Losing it in a crash
+    /// is safe: the operation stays pending, and a resume re-sends it with the same key
+    /// and gets the server's replay.
     ///
     /// The same id sent again: with the same request, a recorded outcome is returned
     /// without sending, and a pending operation is sent again with its key (the server

@@ -24,6 +24,11 @@ use crate::store::sql::sql;
 /// [`PostgresJournal::commits`] counts them. The table is created when the journal
 /// connects.
 ///
+/// Outcomes are not deferred here: [`Journal::complete_deferred`] awaits its commit as
+/// [`Journal::complete`] does (the trait's default), and [`Journal::flush`] has nothing
+/// to wait for. The writes go to a pool, not through one ordered writer, so a deferred
+/// outcome could commit after a later enqueue or attempt (journal contract, point 6).
+///
 /// ```no_run
 /// use idemkey::client::outbox::{Outbox, PostgresJournal};
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

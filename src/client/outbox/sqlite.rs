@@ -1,8 +1,9 @@
 //! The embedded durable journal on SQLite, with group commit.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -36,6 +37,16 @@ const MAX_BATCH: usize = 256;
 /// write; many concurrent callers share commits, so that the cost per call falls well
 /// under one synced commit. [`SqliteJournal::commits`] counts the commits.
 ///
+/// **Deferred outcomes.** [`Journal::complete_deferred`] (what the outbox records an
+/// answer with) queues the outcome to the writer and returns without waiting for its
+/// commit: the caller gets its answer one synced commit sooner. Reads of this journal see
+/// the queued outcome at once (read-your-writes); it is on disk after the next group
+/// commit, and [`Journal::flush`] waits for it. A crash before then leaves the operation
+/// pending, and a resume gets the server's replay with the same key (see the
+/// [journal contract](Journal), point 6). Because every write goes through the one
+/// writer in order, an enqueue or attempt that returned was committed after every
+/// outcome queued before it.
+///
 /// Reads ([`Journal::get`], [`Journal::pending`]) use a pool of their own. With
 /// [`SqliteJournal::enqueue_in`] an operation is written inside the application's own
 /// transaction on the same file (the transactional outbox).
@@ -56,7 +67,91 @@ pub struct SqliteJournal {
     readers: SqlitePool,
     sql: Arc<Statements>,
     commits: Arc<AtomicU64>,
+    queued: Arc<Queued>,
     path: PathBuf,
+}
+
+/// The outcomes queued by [`Journal::complete_deferred`] and not committed yet (what
+/// this process reads meanwhile), and what went wrong with those that could not be.
+#[derive(Default)]
+struct Queued {
+    outcomes: Mutex<HashMap<String, Outcome>>,
+    failures: Mutex<Vec<String>>,
+}
+
+impl Queued {
+    fn outcomes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Outcome>> {
+        // Every change is one insert or remove: a poisoned lock is still consistent.
+        self.outcomes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `outcome` for `id`: `false` when one is queued already (the first stays).
+    fn insert(&self, id: &str, outcome: &Outcome) -> bool {
+        let mut outcomes = self.outcomes();
+        if outcomes.contains_key(id) {
+            return false;
+        }
+        outcomes.insert(id.to_owned(), outcome.clone());
+        true
+    }
+
+    fn get(&self, id: &str) -> Option<Outcome> {
+        self.outcomes().get(id).cloned()
+    }
+
+    fn ids(&self) -> HashSet<String> {
+        self.outcomes().keys().cloned().collect()
+    }
+
+    /// The writer is done with `ids`: committed, or failed with `failure`.
+    fn settled(&self, ids: &[String], failure: Option<&str>) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut outcomes = self.outcomes();
+        for id in ids {
+            outcomes.remove(id);
+        }
+        drop(outcomes);
+        if let Some(message) = failure {
+            tracing::warn!(
+                operations = ids.len(),
+                error = message,
+                "outbox journal: queued outcomes could not be committed; their operations \
+                 stay pending and a resume finishes them"
+            );
+            self.failures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(format!("{} outcome(s): {message}", ids.len()));
+        }
+    }
+
+    /// The failures since the last call, as one error.
+    fn take_failures(&self) -> Result<(), JournalError> {
+        let failures =
+            std::mem::take(&mut *self.failures.lock().unwrap_or_else(PoisonError::into_inner));
+        if failures.is_empty() {
+            return Ok(());
+        }
+        Err(JournalError::unavailable(
+            format!(
+                "outbox journal: queued outcomes could not be committed ({}); their \
+                 operations stay pending: run Outbox::resume to finish them (the server \
+                 replays what it executed)",
+                failures.join("; ")
+            ),
+            "deferred outcome not committed",
+        ))
+    }
+
+    /// `op` as this process sees it: with its queued outcome while the row is pending.
+    fn overlay(queued: Option<Outcome>, mut op: Operation) -> Operation {
+        if op.outcome.is_none() {
+            op.outcome = queued;
+        }
+        op
+    }
 }
 
 impl std::fmt::Debug for SqliteJournal {
@@ -129,12 +224,20 @@ impl SqliteJournalBuilder {
             .map_err(opening)?;
         let (writes, queue) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
-        tokio::spawn(write_loop(writer, queue, sql.clone(), commits.clone()));
+        let queued = Arc::new(Queued::default());
+        tokio::spawn(write_loop(
+            writer,
+            queue,
+            sql.clone(),
+            commits.clone(),
+            queued.clone(),
+        ));
         Ok(SqliteJournal {
             writes,
             readers,
             sql,
             commits,
+            queued,
             path: self.path,
         })
     }
@@ -251,18 +354,23 @@ async fn enqueue_on(
 enum Write {
     Enqueue(Box<Operation>, oneshot::Sender<Reply>),
     BeginAttempt(String, oneshot::Sender<Reply>),
-    Complete(String, Box<Outcome>, oneshot::Sender<Reply>),
+    /// Without a reply: a deferred outcome, nobody waits for it.
+    Complete(String, Box<Outcome>, Option<oneshot::Sender<Reply>>),
+    /// Answered once every write queued before it is committed (or failed).
+    Flush(oneshot::Sender<Reply>),
 }
 
 impl Write {
-    fn reply(self) -> oneshot::Sender<Reply> {
+    fn reply(self) -> Option<oneshot::Sender<Reply>> {
         match self {
-            Write::Enqueue(_, r) | Write::BeginAttempt(_, r) | Write::Complete(_, _, r) => r,
+            Write::Enqueue(_, r) | Write::BeginAttempt(_, r) | Write::Flush(r) => Some(r),
+            Write::Complete(_, _, r) => r,
         }
     }
 }
 
 enum Reply {
+    Flushed,
     Enqueued(Enqueued),
     Attempts(Option<u32>),
     Completed(bool),
@@ -270,32 +378,58 @@ enum Reply {
 }
 
 /// The writer: takes every waiting write, runs them in one transaction, commits once,
-/// answers each. Ends when every journal handle is gone.
+/// answers each, then the flushes. Ends when every journal handle is gone and the queue
+/// is drained (so dropping the journal loses no queued outcome; a runtime shutdown or a
+/// crash does).
 async fn write_loop(
     mut conn: SqliteConnection,
     mut queue: mpsc::UnboundedReceiver<Write>,
     sql: Arc<Statements>,
     commits: Arc<AtomicU64>,
+    queued: Arc<Queued>,
 ) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let mut replies = Vec::with_capacity(batch.len());
-        let result = run_batch(&mut conn, &sql, &mut batch, &mut replies).await;
-        match result {
-            Ok(()) => {
-                commits.fetch_add(1, Ordering::Relaxed);
-                for (reply, answer) in replies {
-                    let _ = reply.send(answer);
+    let mut received = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut received, MAX_BATCH).await > 0 {
+        let (flushes, mut batch): (Vec<Write>, Vec<Write>) = received
+            .drain(..)
+            .partition(|w| matches!(w, Write::Flush(_)));
+        if !batch.is_empty() {
+            let deferred: Vec<String> = batch
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Complete(id, _, None) => Some(id.clone()),
+                    _ => None,
+                })
+                .collect();
+            let mut replies = Vec::with_capacity(batch.len());
+            let result = run_batch(&mut conn, &sql, &mut batch, &mut replies).await;
+            match result {
+                Ok(()) => {
+                    commits.fetch_add(1, Ordering::Relaxed);
+                    queued.settled(&deferred, None);
+                    for (reply, answer) in replies {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(answer);
+                        }
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    queued.settled(&deferred, Some(&message));
+                    for (reply, _) in replies {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Reply::Failed(JournalError::unavailable(
+                                format!("outbox journal: the commit failed ({message}); nothing of this write was kept"),
+                                message.clone(),
+                            )));
+                        }
+                    }
                 }
             }
-            Err(e) => {
-                let message = e.to_string();
-                for (reply, _) in replies {
-                    let _ = reply.send(Reply::Failed(JournalError::unavailable(
-                        format!("outbox journal: the commit failed ({message}); nothing of this write was kept"),
-                        message.clone(),
-                    )));
-                }
+        }
+        for flush in flushes {
+            if let Some(reply) = flush.reply() {
+                let _ = reply.send(Reply::Flushed);
             }
         }
     }
@@ -306,7 +440,7 @@ async fn run_batch(
     conn: &mut SqliteConnection,
     statements: &Statements,
     batch: &mut Vec<Write>,
-    replies: &mut Vec<(oneshot::Sender<Reply>, Reply)>,
+    replies: &mut Vec<(Option<oneshot::Sender<Reply>>, Reply)>,
 ) -> Result<(), sqlx::Error> {
     let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
         Ok(tx) => tx,
@@ -323,14 +457,14 @@ async fn run_batch(
     for write in batch.drain(..) {
         let (reply, answer) = match write {
             Write::Enqueue(op, r) => (
-                r,
+                Some(r),
                 match enqueue_on(&mut tx, statements, &op).await {
                     Ok(e) => Reply::Enqueued(e),
                     Err(e) => Reply::Failed(e),
                 },
             ),
             Write::BeginAttempt(id, r) => (
-                r,
+                Some(r),
                 match sqlx::query_scalar::<_, i64>(sql(&statements.begin_attempt))
                     .bind(id)
                     .fetch_optional(&mut *tx)
@@ -354,6 +488,8 @@ async fn run_batch(
                     Err(e) => Reply::Failed(unavailable("complete", e)),
                 },
             ),
+            // Taken out of the batch by the writer.
+            Write::Flush(r) => (Some(r), Reply::Flushed),
         };
         replies.push((reply, answer));
     }
@@ -388,7 +524,7 @@ impl Journal for SqliteJournal {
 
     async fn complete(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
         match self
-            .write(|r| Write::Complete(id.to_owned(), Box::new(outcome.clone()), r))
+            .write(|r| Write::Complete(id.to_owned(), Box::new(outcome.clone()), Some(r)))
             .await
         {
             Reply::Completed(done) => Ok(done),
@@ -396,21 +532,59 @@ impl Journal for SqliteJournal {
         }
     }
 
+    async fn complete_deferred(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
+        if !self.queued.insert(id, outcome) {
+            return Ok(false);
+        }
+        let write = Write::Complete(id.to_owned(), Box::new(outcome.clone()), None);
+        if self.writes.send(write).is_err() {
+            self.queued.settled(&[id.to_owned()], None);
+            return Err(JournalError::unavailable(
+                "outbox journal: the SQLite writer task has stopped (its runtime shut down); \
+                 the outcome was not recorded and the operation stays pending",
+                "writer stopped",
+            ));
+        }
+        Ok(true)
+    }
+
+    async fn flush(&self) -> Result<(), JournalError> {
+        match self.write(Write::Flush).await {
+            Reply::Flushed => self.queued.take_failures(),
+            other => Err(unexpected(other)),
+        }
+    }
+
     async fn get(&self, id: &str) -> Result<Option<Operation>, JournalError> {
+        // The queue is read before the file: an outcome committed in between is then in
+        // the file, so none is missed.
+        let queued = self.queued.get(id);
         let row = sqlx::query(sql(&self.sql.get))
             .bind(id)
             .fetch_optional(&self.readers)
             .await
             .map_err(|e| unavailable("get", e))?;
-        row.as_ref().map(decode_operation).transpose()
+        let op = row.as_ref().map(decode_operation).transpose()?;
+        Ok(op.map(|op| Queued::overlay(queued, op)))
     }
 
     async fn pending(&self, limit: usize) -> Result<Vec<Operation>, JournalError> {
+        // As in `get`: the queue first. Rows whose outcome is queued are left out, so
+        // read that many more.
+        let queued = self.queued.ids();
         let rows = sqlx::query(sql(&self.sql.pending))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(i64::try_from(limit.saturating_add(queued.len())).unwrap_or(i64::MAX))
             .fetch_all(&self.readers)
             .await
             .map_err(|e| unavailable("pending", e))?;
-        rows.iter().map(decode_operation).collect()
+        let mut pending = Vec::with_capacity(rows.len().min(limit));
+        for row in &rows {
+            let op = decode_operation(row)?;
+            if !queued.contains(&op.id) {
+                pending.push(op);
+            }
+        }
+        pending.truncate(limit);
+        Ok(pending)
     }
 }

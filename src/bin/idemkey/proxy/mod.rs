@@ -3,6 +3,8 @@
 mod audit;
 mod config;
 mod faults;
+#[cfg(feature = "metrics")]
+mod metrics;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -39,7 +41,9 @@ use idemkey::testing::{Fault, FaultPlan, FaultRates};
 /// OPTIONS and TRACE, and records are unscoped.
 ///
 /// `GET /healthz` answers the proxy itself (with what `--faults` and `--audit` did so
-/// far). SIGTERM or Ctrl-C stops accepting connections, lets requests in flight finish
+/// far); so does `GET /metrics` (Prometheus text) when idemkey is built with features
+/// `cli,metrics`, and without `metrics` that path goes to the upstream like any other.
+/// SIGTERM or Ctrl-C stops accepting connections, lets requests in flight finish
 /// (their outcomes are recorded), then exits.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ProxyArgs {
@@ -212,6 +216,8 @@ struct State {
     routes: Vec<Verified>,
     faults: Option<FaultPlan>,
     audit: Option<audit::Audit>,
+    #[cfg(feature = "metrics")]
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
 /// The connection is closed without an answer (a fault, on purpose).
@@ -252,6 +258,10 @@ fn layer_for(engine: &Engine, route: &config::Route, no_verify: bool) -> Idempot
 }
 
 pub(crate) async fn run(args: ProxyArgs) -> Result<(), String> {
+    // First of all: the verifier (engine, layers) may resolve its metric handles when it
+    // is built, and a handle resolved before the recorder is installed counts nowhere.
+    #[cfg(feature = "metrics")]
+    let metrics = metrics::install()?;
     let config_text = match &args.config {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -306,6 +316,8 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), String> {
             .faults
             .map(|rates| FaultPlan::new(Fault::seeded(args.seed, rates))),
         audit: args.audit.then(|| audit::Audit::new(args.audit_window)),
+        #[cfg(feature = "metrics")]
+        metrics,
     });
     let listener = TcpListener::bind(args.listen)
         .await
@@ -412,6 +424,10 @@ async fn handle(
 ) -> Result<Response<ResponseBody>, Dropped> {
     if req.uri().path() == "/healthz" && req.method() == Method::GET {
         return Ok(health(&state));
+    }
+    #[cfg(feature = "metrics")]
+    if req.uri().path() == metrics::PATH && req.method() == Method::GET {
+        return Ok(metrics::render(&state.metrics));
     }
     let index = state
         .routes
