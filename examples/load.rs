@@ -27,6 +27,19 @@
 //! It prints requests per second per round and workload, then the ratios against
 //! `bare` of the same rounds (totals over all rounds), for example
 //! `fresh/bare 0.62  replay/bare 0.95`.
+//!
+//! With `--against PATH`, it compares two builds instead: PATH is this program built
+//! another way (for example without idemkey's `metrics` feature), started as a second
+//! server process; each round drives `fresh` and `replay` against both verifiers, in
+//! alternating order, and it prints `fresh this/other` and `replay this/other`. Both
+//! servers install the Prometheus recorder of `examples/common/metrics.rs`, so a build
+//! with `--features metrics` measures idemkey's metrics with a real recorder against
+//! the same program without them (BENCHMARKS.md, "Cost of the metrics").
+//!
+//! With `--drive ADDR --requests N --workload fresh|replay`, it sends N requests one
+//! after another over one keep-alive connection to a verifier already serving at ADDR
+//! (`load --serve`, which prints `VERIFIED ADDR`, for example under
+//! `valgrind --tool=callgrind`): instructions per request without a timed window.
 #![allow(
     clippy::print_stdout,
     reason = "a command-line program prints its results"
@@ -54,9 +67,12 @@ mod metrics;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
-            [--delay-ms MS] [--proxy PATH/TO/idemkey]
+            [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load]
+       load --drive ADDR --requests N --workload fresh|replay
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
-  (and behind `idemkey proxy` with --proxy)";
+  (and behind `idemkey proxy` with --proxy); with --against, this build's verifier
+  against PATH's (this program built another way); with --drive, N sequential requests
+  to a verifier at ADDR (`load --serve`)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -66,6 +82,10 @@ struct Args {
     threads: usize,
     delay_ms: u64,
     proxy: Option<String>,
+    against: Option<std::path::PathBuf>,
+    drive: Option<SocketAddr>,
+    requests: u64,
+    workload: Workload,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +122,10 @@ fn parse_args() -> Result<Option<Args>, String> {
         threads: 2,
         delay_ms: 0,
         proxy: None,
+        against: None,
+        drive: None,
+        requests: 1000,
+        workload: Workload::Fresh,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -120,6 +144,34 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--delay-ms" => args.delay_ms = number("--delay-ms")?,
             "--proxy" => {
                 args.proxy = Some(it.next().ok_or(format!("--proxy needs a path; {USAGE}"))?)
+            }
+            "--against" => {
+                let path = it
+                    .next()
+                    .ok_or(format!("--against needs a path; {USAGE}"))?;
+                args.against = Some(path.into());
+            }
+            "--drive" => {
+                let addr = it
+                    .next()
+                    .ok_or(format!("--drive needs an address; {USAGE}"))?;
+                args.drive = Some(
+                    addr.parse()
+                        .map_err(|e| format!("--drive {addr}: {e}; use HOST:PORT"))?,
+                );
+            }
+            "--requests" => args.requests = number("--requests")?,
+            "--workload" => {
+                args.workload = match it.next().as_deref() {
+                    Some("fresh") => Workload::Fresh,
+                    Some("replay") => Workload::Replay,
+                    other => {
+                        return Err(format!(
+                            "--workload {}: use fresh or replay",
+                            other.unwrap_or("(missing)")
+                        ));
+                    }
+                }
             }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
@@ -199,14 +251,16 @@ fn serve() -> ExitCode {
     }
 }
 
-async fn drive(args: Args) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+/// A server process of `exe --serve`, and its bare and verified addresses.
+async fn start_server(
+    exe: &std::path::Path,
+) -> Result<(tokio::process::Child, SocketAddr, SocketAddr), String> {
     let mut server = tokio::process::Command::new(exe)
         .arg("--serve")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start the server process: {e}"))?;
+        .map_err(|e| format!("cannot start the server process {}: {e}", exe.display()))?;
     let stdout = server
         .stdout
         .take()
@@ -224,6 +278,36 @@ async fn drive(args: Args) -> Result<(), String> {
     };
     let bare = addr_of("BARE").await?;
     let verified = addr_of("VERIFIED").await?;
+    Ok((server, bare, verified))
+}
+
+async fn drive(args: Args) -> Result<(), String> {
+    let body = Bytes::from(if args.delay_ms == 0 {
+        r#"{"amount":100}"#.to_owned()
+    } else {
+        format!(r#"{{"amount":100,"delay_ms":{}}}"#, args.delay_ms)
+    });
+    if let Some(addr) = args.drive {
+        let (stop, done) = (AtomicBool::new(false), AtomicU64::new(0));
+        let started = Instant::now();
+        connection(args.workload, addr, 0, 0, &stop, &done, body, args.requests).await?;
+        println!(
+            "{} {} request(s) in {:.2} s",
+            done.load(Ordering::Relaxed),
+            args.workload.name(),
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let (mut server, bare, verified) = start_server(&exe).await?;
+    if let Some(other) = &args.against {
+        let (mut other_server, _, other_verified) = start_server(other).await?;
+        let result = compare(&args, verified, other_verified, &body).await;
+        server.kill().await.map_err(|e| e.to_string())?;
+        other_server.kill().await.map_err(|e| e.to_string())?;
+        return result;
+    }
     let mut proxy = None;
     if let Some(bin) = &args.proxy {
         let mut child = tokio::process::Command::new(bin)
@@ -252,11 +336,6 @@ async fn drive(args: Args) -> Result<(), String> {
         "{} round(s) of {} s per workload, {} connections, {} client threads, handler delay {} ms",
         args.rounds, args.seconds, args.connections, args.threads, args.delay_ms
     );
-    let body = Bytes::from(if args.delay_ms == 0 {
-        r#"{"amount":100}"#.to_owned()
-    } else {
-        format!(r#"{{"amount":100,"delay_ms":{}}}"#, args.delay_ms)
-    });
     let mut totals = [0u64; 4];
     for round in 1..=args.rounds {
         for (i, workload) in Workload::ALL.into_iter().enumerate() {
@@ -285,6 +364,46 @@ async fn drive(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// This build's verifier (`this`) against another build's (`other`): `fresh` and
+/// `replay` on both each round, the order alternating between rounds.
+async fn compare(
+    args: &Args,
+    this: SocketAddr,
+    other: SocketAddr,
+    body: &Bytes,
+) -> Result<(), String> {
+    let seconds = Duration::from_secs(args.seconds);
+    println!(
+        "{} round(s) of {} s per workload and build, {} connections, {} client threads",
+        args.rounds, args.seconds, args.connections, args.threads
+    );
+    // [workload][build]: requests answered, totals over the rounds.
+    let mut totals = [[0u64; 2]; 2];
+    for round in 1..=args.rounds {
+        let builds = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for (w, workload) in [Workload::Fresh, Workload::Replay].into_iter().enumerate() {
+            for build in builds {
+                let addr = [this, other][build];
+                let done = run(workload, addr, args.connections, seconds, round, body).await?;
+                totals[w][build] += done;
+                println!(
+                    "round {round} {:>6} {:>5}: {:>9.0} req/s",
+                    workload.name(),
+                    ["this", "other"][build],
+                    done as f64 / seconds.as_secs_f64()
+                );
+            }
+        }
+    }
+    let ratio = |w: usize| totals[w][0] as f64 / totals[w][1].max(1) as f64;
+    println!(
+        "fresh this/other {:.3}  replay this/other {:.3}",
+        ratio(0),
+        ratio(1)
+    );
+    Ok(())
+}
+
 /// Runs one workload for `length` over `connections` connections; returns the number of
 /// requests answered 200.
 async fn run(
@@ -301,7 +420,7 @@ async fn run(
     for conn in 0..connections {
         let (stop, done, body) = (stop.clone(), done.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
-            connection(workload, addr, conn, round, &stop, &done, body).await
+            connection(workload, addr, conn, round, &stop, &done, body, u64::MAX).await
         }));
     }
     let started = Instant::now();
@@ -316,6 +435,11 @@ async fn run(
     Ok((n as f64 * length.as_secs_f64() / elapsed.as_secs_f64()) as u64)
 }
 
+/// Sends requests over one connection until `stop` or `limit` requests.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a program's own helper, called from two places"
+)]
 async fn connection(
     workload: Workload,
     addr: SocketAddr,
@@ -324,6 +448,7 @@ async fn connection(
     stop: &AtomicBool,
     done: &AtomicU64,
     body: Bytes,
+    limit: u64,
 ) -> Result<(), String> {
     let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -332,7 +457,7 @@ async fn connection(
         .map_err(|e| e.to_string())?;
     let conn_task = tokio::spawn(conn_task);
     let mut n: u64 = 0;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && n < limit {
         let key = match workload {
             Workload::Bare | Workload::Fresh | Workload::Proxied => format!("r{round}-c{conn}-{n}"),
             Workload::Replay => format!("r{round}-c{conn}"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::execution::{Execution, Lease, Recordings};
-use super::telemetry::{Decision, ObservedStore};
+use super::telemetry::{Decision, ObservedStore, ServerMetrics};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
@@ -71,6 +71,9 @@ struct Config {
     in_progress_retry_after: Duration,
     /// Outcomes being recorded in the background, shared with derived engines.
     recordings: Arc<Recordings>,
+    /// The metric handles, resolved once (shared with the observed store and derived
+    /// engines).
+    metrics: Arc<ServerMetrics>,
 }
 
 impl fmt::Debug for Engine {
@@ -248,9 +251,11 @@ impl Engine {
     /// assert_eq!(engine.lease(), Duration::from_secs(5));
     /// ```
     pub fn builder(store: impl Store) -> EngineBuilder {
+        let metrics = Arc::new(ServerMetrics::new(store.kind()));
         EngineBuilder {
             cfg: Config {
-                store: Arc::new(ObservedStore::new(store)),
+                store: Arc::new(ObservedStore::new(store, Arc::clone(&metrics))),
+                metrics,
                 lease: DEFAULT_LEASE,
                 renew_every: DEFAULT_LEASE / 3,
                 renew_every_set: None,
@@ -276,6 +281,11 @@ impl Engine {
     #[must_use]
     pub fn store(&self) -> &dyn Store {
         &*self.cfg.store
+    }
+
+    /// The engine's metric handles (for the layer's own decisions and handler timing).
+    pub(crate) fn metrics(&self) -> &ServerMetrics {
+        &self.cfg.metrics
     }
 
     /// The lease of a claim.
@@ -401,7 +411,7 @@ impl Engine {
         let id = RecordId::new(scope, key.as_str());
         super::telemetry::record_id(&id);
         let claimed = self.claim_id(id, fingerprint.as_bytes()).await.map(|c| c.0);
-        Decision::of(&claimed).record();
+        Decision::of(&claimed).record(&self.cfg.metrics);
         claimed
     }
 
@@ -449,7 +459,7 @@ impl Engine {
         let id = RecordId::new(scope, key.as_str());
         super::telemetry::record_id(&id);
         let claimed = self.wait_for_claim(id, fingerprint.as_bytes(), up_to).await;
-        Decision::of(&claimed).record();
+        Decision::of(&claimed).record(&self.cfg.metrics);
         claimed
     }
 
@@ -523,6 +533,7 @@ impl Engine {
                     takeover,
                     self.cfg.retention,
                     Arc::clone(&self.cfg.recordings),
+                    Arc::clone(&self.cfg.metrics),
                 );
                 Claimed::Execute(exec)
             }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::telemetry::{Ended, ServerMetrics};
 use crate::store::{FencingToken, RecordId, Store, StoreError, clamp_forever};
 
 /// The first pause between two attempts to record an outcome; it doubles up to
@@ -53,6 +54,7 @@ pub struct Execution {
     takeover: bool,
     retention: Duration,
     recordings: Arc<Recordings>,
+    metrics: Arc<ServerMetrics>,
     lost: bool,
     done: bool,
 }
@@ -78,6 +80,10 @@ impl fmt::Debug for Execution {
 }
 
 impl Execution {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the engine's parts an execution keeps, one field each; only the engine calls it"
+    )]
     pub(super) fn new(
         store: Arc<dyn Store>,
         lease: Lease,
@@ -86,6 +92,7 @@ impl Execution {
         takeover: bool,
         retention: Duration,
         recordings: Arc<Recordings>,
+        metrics: Arc<ServerMetrics>,
     ) -> Self {
         Self {
             store,
@@ -95,6 +102,7 @@ impl Execution {
             takeover,
             retention,
             recordings,
+            metrics,
             lost: false,
             done: false,
         }
@@ -197,7 +205,7 @@ impl Execution {
         let recorder = self.recorder();
         let first = recorder.attempt(&payload).await;
         let result = recorder.persist(payload, first).await;
-        ended(result.as_ref().map(|()| "recorded"));
+        ended(&self.metrics, result.as_ref().map(|()| Ended::Recorded));
         result
     }
 
@@ -243,10 +251,13 @@ impl Execution {
             }
             Err(e) => Err(e),
         };
-        ended(result.as_ref().map(|c| match c {
-            Completion::Recorded => "recorded",
-            Completion::Deferred(_) => "deferred",
-        }));
+        ended(
+            &self.metrics,
+            result.as_ref().map(|c| match c {
+                Completion::Recorded => Ended::Recorded,
+                Completion::Deferred(_) => Ended::Deferred,
+            }),
+        );
         result
     }
 
@@ -257,6 +268,7 @@ impl Execution {
             token: self.token,
             retention: self.retention,
             recordings: Arc::clone(&self.recordings),
+            metrics: Arc::clone(&self.metrics),
         }
     }
 
@@ -268,7 +280,7 @@ impl Execution {
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.done = true;
         let result = self.store.release(&self.id, self.token).await;
-        ended(result.as_ref().map(|()| "released"));
+        ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
         result
     }
 }
@@ -278,7 +290,7 @@ impl Drop for Execution {
         if self.done {
             return;
         }
-        crate::telemetry::server_execution("abandoned");
+        self.metrics.execution(Ended::Abandoned);
         let (store, id, token) = (Arc::clone(&self.store), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -290,12 +302,12 @@ impl Drop for Execution {
     }
 }
 
-/// Counts an execution that ended: with `outcome`, or fenced or failed.
-fn ended(result: Result<&'static str, &StoreError>) {
-    crate::telemetry::server_execution(match result {
+/// Counts an execution that ended in `metrics`: with `outcome`, or fenced or failed.
+fn ended(metrics: &ServerMetrics, result: Result<Ended, &StoreError>) {
+    metrics.execution(match result {
         Ok(outcome) => outcome,
-        Err(e) if e.is_fenced() => "fenced",
-        Err(_) => "failed",
+        Err(e) if e.is_fenced() => Ended::Fenced,
+        Err(_) => Ended::Failed,
     });
 }
 
@@ -396,6 +408,7 @@ struct Recorder {
     token: FencingToken,
     retention: Duration,
     recordings: Arc<Recordings>,
+    metrics: Arc<ServerMetrics>,
 }
 
 impl Recorder {
@@ -405,7 +418,7 @@ impl Recorder {
             .complete(&self.id, self.token, payload.clone(), self.retention)
             .await;
         if result.is_ok() {
-            crate::telemetry::server_stored_bytes(payload.len());
+            self.metrics.stored_bytes(payload.len());
         }
         result
     }

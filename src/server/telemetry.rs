@@ -1,8 +1,18 @@
 //! The verifier's spans and metrics (see [`crate::telemetry`] for the names): the
 //! decision of each request, recorded in one place, and a child span for each store
 //! operation, wrapped once around the engine's store.
+//!
+//! The metric handles are resolved once per engine ([`ServerMetrics`]), not per
+//! request: a request's hot path only increments a counter or records a sample.
+
+// Without the `metrics` feature the handles are compiled out and the emitters take
+// their values for nothing.
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 
 use std::future::Future;
+use std::sync::Arc;
+#[cfg(feature = "metrics")]
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -42,6 +52,20 @@ pub(crate) enum Decision {
 }
 
 impl Decision {
+    /// Every decision, in declaration order (its slot in [`ServerMetrics`]).
+    #[cfg(feature = "metrics")]
+    const ALL: [Self; 9] = [
+        Self::Fresh,
+        Self::Takeover,
+        Self::Replay,
+        Self::Conflict,
+        Self::Mismatch,
+        Self::Rejected,
+        Self::FailOpen,
+        Self::StoreUnavailable,
+        Self::Unkeyed,
+    ];
+
     /// The decision's fixed name.
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
@@ -72,10 +96,172 @@ impl Decision {
     }
 
     /// Records the decision: on the current span (the request's, where the layer opened
-    /// one) and in the requests counter.
-    pub(crate) fn record(self) {
-        telemetry::server_request(self.as_str());
+    /// one) and in the requests counter of `metrics`.
+    pub(crate) fn record(self, metrics: &ServerMetrics) {
+        metrics.request(self);
         Span::current().record("idemkey.decision", self.as_str());
+    }
+}
+
+/// How a claimed execution ended: the `outcome` label of
+/// `idemkey_server_executions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Recorded,
+    Deferred,
+    Released,
+    Fenced,
+    Failed,
+    Abandoned,
+}
+
+impl Ended {
+    /// Every outcome, in declaration order (its slot in [`ServerMetrics`]).
+    #[cfg(feature = "metrics")]
+    const ALL: [Self; 6] = [
+        Self::Recorded,
+        Self::Deferred,
+        Self::Released,
+        Self::Fenced,
+        Self::Failed,
+        Self::Abandoned,
+    ];
+
+    /// The outcome's fixed name.
+    #[cfg(feature = "metrics")]
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Recorded => "recorded",
+            Self::Deferred => "deferred",
+            Self::Released => "released",
+            Self::Fenced => "fenced",
+            Self::Failed => "failed",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// The store operations [`ObservedStore`] observes, in the order of their slots in
+/// [`ServerMetrics`].
+#[cfg(feature = "metrics")]
+const OPERATIONS: [&str; 8] = [
+    "claim",
+    "complete",
+    "renew",
+    "release",
+    "sweep",
+    "inspect",
+    "force_release",
+    "list_in_progress",
+];
+
+/// An engine's metric handles, resolved once: one per label value of each fixed set
+/// (decision, outcome, store operation; the store kind is the engine's), each
+/// registered in the recorder current at its first use, then only incremented or
+/// recorded. Looking a metric up by name and labels costs a key built and hashed and a
+/// registry search on every call; a handle is one atomic operation. Rare series (store
+/// errors, fenced writes) are still looked up per call. Without the `metrics` feature
+/// this is empty.
+pub(crate) struct ServerMetrics {
+    #[cfg(feature = "metrics")]
+    store: &'static str,
+    #[cfg(feature = "metrics")]
+    requests: [OnceLock<metrics::Counter>; Decision::ALL.len()],
+    #[cfg(feature = "metrics")]
+    executions: [OnceLock<metrics::Counter>; Ended::ALL.len()],
+    #[cfg(feature = "metrics")]
+    handler_duration: OnceLock<metrics::Histogram>,
+    #[cfg(feature = "metrics")]
+    stored_bytes: OnceLock<metrics::Histogram>,
+    #[cfg(feature = "metrics")]
+    store_duration: [OnceLock<metrics::Histogram>; OPERATIONS.len()],
+}
+
+impl ServerMetrics {
+    /// The handles of an engine over a store of `kind`, none registered yet.
+    pub(crate) fn new(kind: &'static str) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            store: kind,
+            #[cfg(feature = "metrics")]
+            requests: Default::default(),
+            #[cfg(feature = "metrics")]
+            executions: Default::default(),
+            #[cfg(feature = "metrics")]
+            handler_duration: OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            stored_bytes: OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            store_duration: Default::default(),
+        }
+    }
+
+    /// One request (or [`Engine::claim`](super::Engine::claim)) decided.
+    fn request(&self, decision: Decision) {
+        #[cfg(feature = "metrics")]
+        self.requests[decision as usize]
+            .get_or_init(
+                || metrics::counter!(telemetry::SERVER_REQUESTS, "decision" => decision.as_str()),
+            )
+            .increment(1);
+    }
+
+    /// One execution (a claim that ran) ended.
+    pub(crate) fn execution(&self, ended: Ended) {
+        #[cfg(feature = "metrics")]
+        self.executions[ended as usize]
+            .get_or_init(
+                || metrics::counter!(telemetry::SERVER_EXECUTIONS, "outcome" => ended.as_str()),
+            )
+            .increment(1);
+    }
+
+    /// A handler ran for `took` (until its response head).
+    fn handler_duration(&self, took: Duration) {
+        #[cfg(feature = "metrics")]
+        self.handler_duration
+            .get_or_init(|| metrics::histogram!(telemetry::SERVER_HANDLER_DURATION))
+            .record(took.as_secs_f64());
+    }
+
+    /// A response of `len` bytes (the encoded record) was stored.
+    pub(crate) fn stored_bytes(&self, len: usize) {
+        #[cfg(feature = "metrics")]
+        self.stored_bytes
+            .get_or_init(|| metrics::histogram!(telemetry::SERVER_STORED_BYTES))
+            .record(len as f64);
+    }
+
+    /// A store operation ended after `took`, failing with `error` (a
+    /// `StoreError::kind_name`) or not.
+    fn store_operation(
+        &self,
+        operation: &'static str,
+        took: Duration,
+        error: Option<&'static str>,
+    ) {
+        #[cfg(feature = "metrics")]
+        {
+            let store = self.store;
+            let register = || metrics::histogram!(telemetry::STORE_DURATION, "store" => store, "operation" => operation);
+            match OPERATIONS.iter().position(|op| *op == operation) {
+                Some(i) => self.store_duration[i]
+                    .get_or_init(register)
+                    .record(took.as_secs_f64()),
+                None => register().record(took.as_secs_f64()),
+            }
+            match error {
+                None => {}
+                Some("fenced") => {
+                    metrics::counter!(telemetry::SERVER_FENCED_WRITES, "operation" => operation)
+                        .increment(1);
+                }
+                Some(error) => {
+                    metrics::counter!(telemetry::STORE_ERRORS, "store" => store, "operation" => operation, "error" => error)
+                        .increment(1);
+                }
+            }
+        }
     }
 }
 
@@ -108,13 +294,13 @@ pub(crate) async fn in_request_span<B, E>(
     result
 }
 
-/// Runs the handler's future `fut`, timing it for the handler-duration histogram (the
-/// clock is read only with the `metrics` feature).
-pub(crate) async fn timed_handler<F: Future>(fut: F) -> F::Output {
+/// Runs the handler's future `fut`, timing it for the handler-duration histogram of
+/// `metrics` (the clock is read only with the `metrics` feature).
+pub(crate) async fn timed_handler<F: Future>(metrics: &ServerMetrics, fut: F) -> F::Output {
     let started = telemetry::METRICS.then(Instant::now);
     let out = fut.await;
     if let Some(started) = started {
-        telemetry::server_handler_duration(started.elapsed());
+        metrics.handler_duration(started.elapsed());
     }
     out
 }
@@ -124,11 +310,13 @@ pub(crate) async fn timed_handler<F: Future>(fut: F) -> F::Output {
 /// no store has to do it.
 pub(crate) struct ObservedStore<S> {
     inner: S,
+    metrics: Arc<ServerMetrics>,
 }
 
 impl<S: Store> ObservedStore<S> {
-    pub(crate) fn new(inner: S) -> Self {
-        Self { inner }
+    /// `inner`, observed, feeding `metrics` (the engine's).
+    pub(crate) fn new(inner: S, metrics: Arc<ServerMetrics>) -> Self {
+        Self { inner, metrics }
     }
 
     async fn observe<T>(
@@ -150,7 +338,7 @@ impl<S: Store> ObservedStore<S> {
         let error = result.as_ref().err().map(StoreError::kind_name);
         if let Some(start) = clock {
             let took = start.elapsed();
-            telemetry::store_operation(kind, operation, took, error);
+            self.metrics.store_operation(operation, took, error);
             if !span.is_disabled() {
                 span.record("idemkey.store.duration_ms", millis(took));
                 if let Some(error) = error {

@@ -25,61 +25,17 @@ macro_rules! emit {
 }
 
 // The metric names, once; `metrics.md` documents each.
-const SERVER_REQUESTS: &str = "idemkey_server_requests_total";
-const SERVER_EXECUTIONS: &str = "idemkey_server_executions_total";
-const SERVER_FENCED_WRITES: &str = "idemkey_server_fenced_writes_total";
-const SERVER_HANDLER_DURATION: &str = "idemkey_server_handler_duration_seconds";
-const SERVER_STORED_BYTES: &str = "idemkey_server_stored_response_bytes";
-const STORE_DURATION: &str = "idemkey_store_operation_duration_seconds";
-const STORE_ERRORS: &str = "idemkey_store_errors_total";
+pub(crate) const SERVER_REQUESTS: &str = "idemkey_server_requests_total";
+pub(crate) const SERVER_EXECUTIONS: &str = "idemkey_server_executions_total";
+pub(crate) const SERVER_FENCED_WRITES: &str = "idemkey_server_fenced_writes_total";
+pub(crate) const SERVER_HANDLER_DURATION: &str = "idemkey_server_handler_duration_seconds";
+pub(crate) const SERVER_STORED_BYTES: &str = "idemkey_server_stored_response_bytes";
+pub(crate) const STORE_DURATION: &str = "idemkey_store_operation_duration_seconds";
+pub(crate) const STORE_ERRORS: &str = "idemkey_store_errors_total";
 const CLIENT_CALLS: &str = "idemkey_client_calls_total";
 const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
 const CLIENT_RETRY_WAIT: &str = "idemkey_client_retry_wait_seconds";
 const CLIENT_BUDGET_EXHAUSTED: &str = "idemkey_client_retry_budget_exhausted_total";
-
-/// One request (or [`Engine::claim`](crate::server::Engine::claim)) decided.
-pub(crate) fn server_request(decision: &'static str) {
-    emit!(metrics::counter!(SERVER_REQUESTS, "decision" => decision).increment(1));
-}
-
-/// One execution (a claim that ran) ended with `outcome`.
-pub(crate) fn server_execution(outcome: &'static str) {
-    emit!(metrics::counter!(SERVER_EXECUTIONS, "outcome" => outcome).increment(1));
-}
-
-/// A handler ran for `took` (until its response head).
-pub(crate) fn server_handler_duration(took: Duration) {
-    emit!(metrics::histogram!(SERVER_HANDLER_DURATION).record(took.as_secs_f64()));
-}
-
-/// A response of `len` bytes (the encoded record) was stored.
-pub(crate) fn server_stored_bytes(len: usize) {
-    emit!(metrics::histogram!(SERVER_STORED_BYTES).record(len as f64));
-}
-
-/// A store operation ended after `took`, failing with `error` (a
-/// `StoreError::kind_name`) or not.
-pub(crate) fn store_operation(
-    store: &'static str,
-    operation: &'static str,
-    took: Duration,
-    error: Option<&'static str>,
-) {
-    emit! {
-        metrics::histogram!(STORE_DURATION, "store" => store, "operation" => operation)
-            .record(took.as_secs_f64());
-        match error {
-            None => {}
-            Some("fenced") => {
-                metrics::counter!(SERVER_FENCED_WRITES, "operation" => operation).increment(1);
-            }
-            Some(error) => {
-                metrics::counter!(STORE_ERRORS, "store" => store, "operation" => operation, "error" => error)
-                    .increment(1);
-            }
-        }
-    }
-}
 
 /// A client call ended with `outcome` after `attempts` attempts.
 pub(crate) fn client_call(outcome: &'static str, replayed: bool, attempts: u32) {

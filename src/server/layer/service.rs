@@ -123,7 +123,7 @@ where
     let (parts, body) = req.into_parts();
     let requirement = (cfg.requirement)(&parts);
     if requirement == KeyRequirement::Off {
-        Decision::Unkeyed.record();
+        Decision::Unkeyed.record(cfg.engine.metrics());
         let req = Request::from_parts(parts, RequestBody::passthrough(body));
         return Ok(inner.call(req).await?.map(ResponseBody::wrap));
     }
@@ -133,20 +133,20 @@ where
     // A key (and scope) judged from the head alone is answered before the body is read.
     let head = match judge_head(&cfg, &parts, requirement) {
         Ok(head) => head,
-        Err(rejection) => return Ok(rejected(rejection, grpc)),
+        Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
     };
     let bytes = match read_body(&cfg, &parts, body).await {
         Ok(b) => b,
-        Err(rejection) => return Ok(rejected(rejection, grpc)),
+        Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
     };
     let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
         Ok(Some(found)) => found,
         Ok(None) => {
-            Decision::Unkeyed.record();
+            Decision::Unkeyed.record(cfg.engine.metrics());
             let req = Request::from_parts(parts, RequestBody::buffered(bytes));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));
         }
-        Err(rejection) => return Ok(rejected(rejection, grpc)),
+        Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
     };
     let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
     let claimed = match cfg.in_progress {
@@ -181,8 +181,8 @@ where
 }
 
 /// The answer to a request refused before any claim.
-fn rejected(rejection: Rejection, grpc: bool) -> Response<ResponseBody> {
-    Decision::Rejected.record();
+fn rejected(cfg: &Config, rejection: Rejection, grpc: bool) -> Response<ResponseBody> {
+    Decision::Rejected.record(cfg.engine.metrics());
     rejection.answer(grpc)
 }
 
@@ -276,7 +276,13 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let resp = match exec.run(telemetry::timed_handler(inner.call(req))).await {
+    let resp = match exec
+        .run(telemetry::timed_handler(
+            cfg.engine.metrics(),
+            inner.call(req),
+        ))
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             tee::settle(exec.release().await, "release");
