@@ -83,13 +83,24 @@ impl Backend {
     async fn journal_bytes(&self) -> Vec<u8> {
         match self {
             Backend::Sqlite(dir) => {
-                let mut bytes = Vec::new();
-                for entry in std::fs::read_dir(dir.path()).expect("list the db dir") {
-                    let path = entry.expect("dir entry").path();
-                    bytes.extend(std::fs::read(&path).expect("read a db file"));
+                // SQLite removes the `-wal` and `-shm` files when the last connection
+                // closes, after checkpointing them into the database file: a file listed
+                // a moment ago may be gone, its bytes moved. Read the whole set again then,
+                // so that no byte the journal holds is skipped.
+                'again: for _ in 0..10 {
+                    let mut bytes = Vec::new();
+                    for entry in std::fs::read_dir(dir.path()).expect("list the db dir") {
+                        let path = entry.expect("dir entry").path();
+                        match std::fs::read(&path) {
+                            Ok(file) => bytes.extend(file),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue 'again,
+                            Err(e) => panic!("read the journal file {}: {e}", path.display()),
+                        }
+                    }
+                    assert!(!bytes.is_empty(), "the journal files exist");
+                    return bytes;
                 }
-                assert!(!bytes.is_empty(), "the journal files exist");
-                bytes
+                panic!("the journal's files kept changing while being read, 10 times");
             }
             Backend::Postgres(table) => {
                 let admin = support::postgres_admin(&support::postgres_url()).await;
