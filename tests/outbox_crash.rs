@@ -79,6 +79,15 @@ impl Backend {
             .unwrap_or_else(|e| panic!("the PostgreSQL at {url} must be reachable: {e}"))
     }
 
+    /// The bearer token the example sends is nowhere in the journal's bytes.
+    async fn assert_token_absent(&self) {
+        let bytes = self.journal_bytes().await;
+        assert!(
+            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+            "the bearer token is in the journal"
+        );
+    }
+
     /// Every byte the journal holds: the SQLite files, or the PostgreSQL rows.
     async fn journal_bytes(&self) -> Vec<u8> {
         match self {
@@ -258,11 +267,7 @@ async fn two_hundred_charges_survive_repeated_kills(backend: Backend) {
         assert_eq!(outcome.status, 200, "charge:{i}");
     }
     drop(outbox);
-    let bytes = backend.journal_bytes().await;
-    assert!(
-        !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
-        "the bearer token is in the journal"
-    );
+    backend.assert_token_absent().await;
     backend.cleanup().await;
 }
 
@@ -340,11 +345,7 @@ async fn executed_but_unrecorded_gets_the_replay(backend: Backend) {
         .expect("recorded");
     assert!(resumed.replayed, "the resume got the stored answer");
     drop(outbox);
-    let bytes = backend.journal_bytes().await;
-    assert!(
-        !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
-        "the bearer token is in the journal"
-    );
+    backend.assert_token_absent().await;
     backend.cleanup().await;
 }
 
