@@ -89,12 +89,34 @@ pub(crate) fn unique(base: &str) -> String {
     )
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// The lowest and highest port [`free_port`] hands out: below the kernel's ephemeral range
+/// (32768 and up on Linux), so that no outgoing connection of another test can take the
+/// port between the moment it was found free and the moment a private server binds it,
+/// and low enough that a Redis Cluster node's bus port (port + 10000) is below it too.
+const PRIVATE_PORTS: std::ops::RangeInclusive<u16> = 10_000..=22_767;
+
+/// A port of [`PRIVATE_PORTS`] that was free a moment ago on 127.0.0.1 (picked at
+/// random, so that tests running in parallel rarely try the same one).
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port on 127.0.0.1 to find a free one")
-        .port()
+    free_port_where(|_| true)
+}
+
+/// A free port, as [`free_port`], that also passes `also` (for example: its Redis
+/// Cluster bus port is free too).
+fn free_port_where(also: impl Fn(u16) -> bool) -> u16 {
+    let span = u128::from(PRIVATE_PORTS.end() - PRIVATE_PORTS.start()) + 1;
+    for _ in 0..1_000 {
+        let offset = uuid::Uuid::new_v4().as_u128() % span;
+        let port = PRIVATE_PORTS.start() + u16::try_from(offset).expect("offset < span");
+        if port_is_free(port) && also(port) {
+            return port;
+        }
+    }
+    panic!("no free port in {PRIVATE_PORTS:?} on 127.0.0.1 after 1000 tries");
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
 /// Serves `router` on a free port of 127.0.0.1 until the returned server is dropped.
@@ -104,15 +126,19 @@ pub(crate) async fn serve(router: axum::Router) -> idemkey::testing::TestServer 
         .expect("bind a free port on 127.0.0.1")
 }
 
-/// Waits (bounded) until something accepts connections on `port`.
-fn wait_listening(port: u16, what: &str) {
-    for _ in 0..200 {
+/// Waits (bounded) until `child` accepts connections on `port`; `false` when it exited
+/// first (for example because something else took the port).
+fn wait_listening(child: &mut Child, port: u16, what: &str) -> bool {
+    for _ in 0..400 {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
+            return true;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    panic!("{what} did not start listening on 127.0.0.1:{port} within 5 s");
+    panic!("{what} did not start listening on 127.0.0.1:{port} within 10 s");
 }
 
 /// A private `redis-server` on a free port, killed by its own process id on drop (or
@@ -150,7 +176,7 @@ impl RedisServer {
             aof_dir,
             scratch: TempDir::new("idemkey-redis-scratch"),
         };
-        server.restart();
+        server.start_on_a_free_port();
         server
     }
 
@@ -168,7 +194,7 @@ impl RedisServer {
             aof_dir: None,
             scratch: TempDir::new("idemkey-redis-scratch"),
         };
-        server.restart();
+        server.start_on_a_free_port();
         for _ in 0..400 {
             let info = redis_cli(server.port, &["info", "replication"]);
             if info.contains("master_link_status:up") {
@@ -197,9 +223,30 @@ impl RedisServer {
         }
     }
 
+    /// Starts the server for the first time; when it exits at once (another process
+    /// took its port in the meantime), tries again on another free port.
+    fn start_on_a_free_port(&mut self) {
+        for _ in 0..5 {
+            if self.spawn() {
+                return;
+            }
+            self.port = free_port();
+        }
+        panic!("the private redis-server exited at start on five free ports in a row");
+    }
+
     /// Starts the server again on the same port (with the data of a durable server,
     /// empty otherwise).
     pub(crate) fn restart(&mut self) {
+        assert!(
+            self.spawn(),
+            "the private redis-server exited instead of listening again on 127.0.0.1:{}",
+            self.port
+        );
+    }
+
+    /// Starts the process on `self.port`; `false` when it exited instead of listening.
+    fn spawn(&mut self) -> bool {
         self.kill();
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string()])
@@ -218,8 +265,8 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server (is it installed and on PATH?)");
-        self.child = Some(child);
-        wait_listening(self.port, "the private redis-server");
+        let child = self.child.insert(child);
+        wait_listening(child, self.port, "the private redis-server")
     }
 }
 
@@ -694,45 +741,31 @@ impl RedisCluster {
     /// Starts three primaries with `replicas` replicas each, joins them into a cluster
     /// and waits until it serves.
     pub(crate) fn start_with_replicas(replicas: usize) -> Self {
-        let dir = TempDir::new("idemkey-redis-cluster");
-        let mut ports = Vec::new();
-        while ports.len() < 3 * (1 + replicas) {
-            // Each node also listens on port + 10000 (the cluster bus).
-            let port = free_port();
-            let bus_free =
-                port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
-            if bus_free && !ports.contains(&port) {
-                ports.push(port);
-            }
-        }
-        let mut nodes = Vec::new();
-        for port in &ports {
-            let node_dir = dir.path().join(port.to_string());
-            std::fs::create_dir_all(&node_dir).expect("node dir");
-            nodes.push(
-                Command::new("redis-server")
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args([
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                    ])
-                    .args(["--save", "", "--appendonly", "no", "--dir"])
-                    .arg(&node_dir)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start a cluster node"),
-            );
-        }
-        let cluster = Self {
-            ports,
-            nodes,
-            _dir: dir,
+        let mut cluster = Self {
+            ports: Vec::new(),
+            nodes: Vec::new(),
+            _dir: TempDir::new("idemkey-redis-cluster"),
         };
-        for port in &cluster.ports {
-            wait_listening(*port, "a Redis Cluster node");
+        while cluster.ports.len() < 3 * (1 + replicas) {
+            let mut tries = 0;
+            loop {
+                // Each node also listens on port + 10000 (the cluster bus).
+                let port =
+                    free_port_where(|p| port_is_free(p + 10_000) && !cluster.ports.contains(&p));
+                // Kept before it is known to run, so that a panic below still kills it.
+                cluster.nodes.push(Self::spawn_node(&cluster._dir, port));
+                let node = cluster.nodes.last_mut().expect("just pushed");
+                if wait_listening(node, port, "a Redis Cluster node") {
+                    cluster.ports.push(port);
+                    break;
+                }
+                tries += 1;
+                assert!(
+                    tries < 5,
+                    "a Redis Cluster node exited at start on five free ports in a row \
+                     (its port or its bus port was taken)"
+                );
+            }
         }
         let status = Command::new("redis-cli")
             .arg("--cluster")
@@ -762,6 +795,26 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!("the private Redis Cluster did not reach cluster_state:ok");
+    }
+
+    /// Starts one cluster node on `port` (no persistence), its files under `dir`.
+    fn spawn_node(dir: &TempDir, port: u16) -> Child {
+        let node_dir = dir.path().join(port.to_string());
+        std::fs::create_dir_all(&node_dir).expect("node dir");
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(&node_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a cluster node")
     }
 
     /// The ports of the nodes that are replicas now.
