@@ -146,6 +146,45 @@ async fn a_mismatch_and_a_rejection_are_counted() {
     );
 }
 
+/// The durations are seconds of real time whatever clock takes them: a handler that
+/// sleeps 30 ms records at least that, and no more than the whole request took by the
+/// test's own clock; each store operation of it fits in the request too.
+#[tokio::test]
+async fn durations_are_in_seconds_and_fit_in_the_request() {
+    let metrics = Metrics::capture();
+    let app = ChargeApp::new();
+    let server = verifier(Engine::new(MemoryStore::new()), &app).await;
+    let url = server.url("/v1/charges");
+
+    let sent = std::time::Instant::now();
+    let answer = post_json(
+        &http(),
+        &url,
+        Some("slow-1"),
+        r#"{"amount":1,"delay_ms":30}"#,
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let whole = sent.elapsed().as_secs_f64();
+
+    let m = metrics.snapshot();
+    let handler = m.histogram("idemkey_server_handler_duration_seconds", &[]);
+    assert_eq!(handler.len(), 1);
+    assert!(
+        (0.030..=whole).contains(&handler[0]),
+        "handler {} s, not within its 30 ms sleep and the request's {whole} s",
+        handler[0]
+    );
+    let store = m.histogram("idemkey_store_operation_duration_seconds", &[]);
+    assert_eq!(store.len(), 2, "a claim and a complete: {store:?}");
+    for took in store {
+        assert!(
+            (0.0..=whole).contains(&took),
+            "{took} s of a {whole} s request"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_store_outage_is_counted_as_a_store_error() {
     let mut redis = support::RedisServer::start();
