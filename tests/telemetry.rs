@@ -386,6 +386,36 @@ async fn a_client_call_has_a_span_with_one_child_per_attempt_and_is_counted() {
     );
 }
 
+/// A client's handles are per label value: a replayed answer is counted apart from a
+/// fresh one, each call in its own series.
+#[tokio::test]
+async fn a_replayed_client_call_is_counted_as_replayed() {
+    let metrics = Metrics::capture();
+    let app = ChargeApp::new();
+    let server = verifier(Engine::new(MemoryStore::new()), &app).await;
+    let client = support::client::builder(0).build();
+    for _ in 0..3 {
+        let resp = client
+            .post(server.url("/v1/charges"))
+            .header("idempotency-key", "client-replay-1")
+            .header("content-type", "application/json")
+            .body(r#"{"amount":1}"#)
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(app.executions().count(), 1);
+
+    let m = metrics.snapshot();
+    let calls = "idemkey_client_calls_total";
+    let fresh = [("outcome", "response"), ("replayed", "false")];
+    let replayed = [("outcome", "response"), ("replayed", "true")];
+    assert_eq!(m.counter(calls, &fresh), 1);
+    assert_eq!(m.counter(calls, &replayed), 2);
+    assert_eq!(m.histogram("idemkey_client_attempts", &[]), [1.0; 3]);
+}
+
 #[tokio::test]
 async fn an_exhausted_retry_budget_is_counted() {
     let metrics = Metrics::capture();

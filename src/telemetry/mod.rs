@@ -68,16 +68,6 @@ impl Stopwatch {
     }
 }
 
-/// The body of an emitter, compiled only with the `metrics` feature.
-macro_rules! emit {
-    ($($body:tt)*) => {
-        #[cfg(feature = "metrics")]
-        {
-            $($body)*
-        }
-    };
-}
-
 // The metric names, once; `metrics.md` documents each.
 pub(crate) const SERVER_REQUESTS: &str = "idemkey_server_requests_total";
 pub(crate) const SERVER_EXECUTIONS: &str = "idemkey_server_executions_total";
@@ -86,29 +76,10 @@ pub(crate) const SERVER_HANDLER_DURATION: &str = "idemkey_server_handler_duratio
 pub(crate) const SERVER_STORED_BYTES: &str = "idemkey_server_stored_response_bytes";
 pub(crate) const STORE_DURATION: &str = "idemkey_store_operation_duration_seconds";
 pub(crate) const STORE_ERRORS: &str = "idemkey_store_errors_total";
-const CLIENT_CALLS: &str = "idemkey_client_calls_total";
-const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
-const CLIENT_RETRY_WAIT: &str = "idemkey_client_retry_wait_seconds";
-const CLIENT_BUDGET_EXHAUSTED: &str = "idemkey_client_retry_budget_exhausted_total";
-
-/// A client call ended with `outcome` after `attempts` attempts.
-pub(crate) fn client_call(outcome: &'static str, replayed: bool, attempts: u32) {
-    emit! {
-        let replayed = if replayed { "true" } else { "false" };
-        metrics::counter!(CLIENT_CALLS, "outcome" => outcome, "replayed" => replayed).increment(1);
-        metrics::histogram!(CLIENT_ATTEMPTS).record(f64::from(attempts));
-    }
-}
-
-/// The client waits `wait` before its next attempt, for `reason`.
-pub(crate) fn client_retry_wait(reason: &'static str, wait: Duration) {
-    emit!(metrics::histogram!(CLIENT_RETRY_WAIT, "reason" => reason).record(wait.as_secs_f64()));
-}
-
-/// A retry was due and the retry budget refused it.
-pub(crate) fn client_budget_exhausted() {
-    emit!(metrics::counter!(CLIENT_BUDGET_EXHAUSTED).increment(1));
-}
+pub(crate) const CLIENT_CALLS: &str = "idemkey_client_calls_total";
+pub(crate) const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
+pub(crate) const CLIENT_RETRY_WAIT: &str = "idemkey_client_retry_wait_seconds";
+pub(crate) const CLIENT_BUDGET_EXHAUSTED: &str = "idemkey_client_retry_budget_exhausted_total";
 
 /// Gives every metric of this crate its description and unit, in the recorder
 /// installed now (an exporter shows them, as Prometheus' `# HELP` and `# TYPE` lines).
