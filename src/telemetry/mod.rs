@@ -60,8 +60,8 @@ impl Stopwatch {
     }
 
     /// Builds the clock now rather than in the first request that reads it: calibrating
-    /// it, where nothing in the process did yet, takes a few milliseconds (at most
-    /// 200). Without the `metrics` feature there is nothing to build.
+    /// it, where nothing in the process did yet, takes about half a millisecond (quanta
+    /// bounds it at 200 ms). Without the `metrics` feature there is nothing to build.
     pub(crate) fn ready() {
         #[cfg(feature = "metrics")]
         clock();
