@@ -14,6 +14,12 @@
 //! Kinds: `stack` (idemkey's default stack, everything on), `by_hand` (a
 //! reqwest-middleware client that sets a random key header by hand: the floor),
 //! `retry_by_hand` (that, plus reqwest-retry's middleware), `bare` (reqwest alone).
+//!
+//! A third argument `prometheus` installs a Prometheus recorder first, so that a build
+//! with `--features metrics` measures the client's metrics against a real recorder
+//! (BENCHMARKS.md, "Cost of the metrics"). Its builder calibrates a clock in a loop
+//! bounded by wall time, which an instruction count should leave out: count `run` only,
+//! `--toggle-collect='client_overhead::run*'`.
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -95,7 +101,15 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let kind = args.next().unwrap_or_else(|| "stack".into());
     let n = args.next().and_then(|s| s.parse().ok()).unwrap_or(5000);
-    let result = start_server().and_then(|url| {
+    let recorder = match args.next().as_deref() {
+        None => Ok(()),
+        Some("prometheus") => metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map(drop)
+            .map_err(|e| format!("cannot install the Prometheus recorder: {e}")),
+        Some(other) => Err(format!("unknown recorder {other} (only: prometheus)")),
+    };
+    let result = recorder.and_then(|()| start_server()).and_then(|url| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -146,6 +146,45 @@ async fn a_mismatch_and_a_rejection_are_counted() {
     );
 }
 
+/// The durations are seconds of real time whatever clock takes them: a handler that
+/// sleeps 30 ms records at least that, and no more than the whole request took by the
+/// test's own clock; each store operation of it fits in the request too.
+#[tokio::test]
+async fn durations_are_in_seconds_and_fit_in_the_request() {
+    let metrics = Metrics::capture();
+    let app = ChargeApp::new();
+    let server = verifier(Engine::new(MemoryStore::new()), &app).await;
+    let url = server.url("/v1/charges");
+
+    let sent = std::time::Instant::now();
+    let answer = post_json(
+        &http(),
+        &url,
+        Some("slow-1"),
+        r#"{"amount":1,"delay_ms":30}"#,
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let whole = sent.elapsed().as_secs_f64();
+
+    let m = metrics.snapshot();
+    let handler = m.histogram("idemkey_server_handler_duration_seconds", &[]);
+    assert_eq!(handler.len(), 1);
+    assert!(
+        (0.030..=whole).contains(&handler[0]),
+        "handler {} s, not within its 30 ms sleep and the request's {whole} s",
+        handler[0]
+    );
+    let store = m.histogram("idemkey_store_operation_duration_seconds", &[]);
+    assert_eq!(store.len(), 2, "a claim and a complete: {store:?}");
+    for took in store {
+        assert!(
+            (0.0..=whole).contains(&took),
+            "{took} s of a {whole} s request"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_store_outage_is_counted_as_a_store_error() {
     let mut redis = support::RedisServer::start();
@@ -345,6 +384,36 @@ async fn a_client_call_has_a_span_with_one_child_per_attempt_and_is_counted() {
         ),
         [0.0]
     );
+}
+
+/// A client's handles are per label value: a replayed answer is counted apart from a
+/// fresh one, each call in its own series.
+#[tokio::test]
+async fn a_replayed_client_call_is_counted_as_replayed() {
+    let metrics = Metrics::capture();
+    let app = ChargeApp::new();
+    let server = verifier(Engine::new(MemoryStore::new()), &app).await;
+    let client = support::client::builder(0).build();
+    for _ in 0..3 {
+        let resp = client
+            .post(server.url("/v1/charges"))
+            .header("idempotency-key", "client-replay-1")
+            .header("content-type", "application/json")
+            .body(r#"{"amount":1}"#)
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(app.executions().count(), 1);
+
+    let m = metrics.snapshot();
+    let calls = "idemkey_client_calls_total";
+    let fresh = [("outcome", "response"), ("replayed", "false")];
+    let replayed = [("outcome", "response"), ("replayed", "true")];
+    assert_eq!(m.counter(calls, &fresh), 1);
+    assert_eq!(m.counter(calls, &replayed), 2);
+    assert_eq!(m.histogram("idemkey_client_attempts", &[]), [1.0; 3]);
 }
 
 #[tokio::test]

@@ -1,6 +1,12 @@
 //! The client's spans and metrics (see [`crate::telemetry`] for the names): one span
 //! per logical call, one child span per attempt.
 
+// Without the `metrics` feature the handles are compiled out and the emitters take
+// their values for nothing.
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+
+#[cfg(feature = "metrics")]
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::{Request, Response};
@@ -10,6 +16,7 @@ use tracing::field::Empty;
 use super::error::Error;
 use super::response::ResponseExt;
 use crate::IdempotencyKey;
+#[cfg(feature = "metrics")]
 use crate::telemetry;
 
 /// Why the loop waits before an attempt (`idemkey.wait_reason`, the `reason` label).
@@ -25,6 +32,10 @@ pub(crate) enum WaitReason {
 }
 
 impl WaitReason {
+    /// Every reason, in declaration order (its slot in [`ClientMetrics`]).
+    #[cfg(feature = "metrics")]
+    const ALL: [Self; 3] = [Self::Backoff, Self::RetryAfter, Self::Hint];
+
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Backoff => "backoff",
@@ -33,6 +44,52 @@ impl WaitReason {
         }
     }
 }
+
+/// A client's metric handles (one set per retry middleware, shared by its clones),
+/// each resolved once, at first use, in the recorder current then, as the engine's
+/// are: the calls answered (outcome `response`, replayed or not), the attempts per
+/// call, each retry-wait reason and the budget's refusals. Calls that ended in an error
+/// (rare; one series per error kind) are still looked up per call. Looking a metric up
+/// by name and labels builds and hashes a key and searches the recorder's registry; a
+/// handle is one call to the recorder's own counter or histogram. Without the `metrics`
+/// feature this is empty.
+#[derive(Default)]
+pub(crate) struct ClientMetrics {
+    /// `outcome="response"`, indexed by `replayed`.
+    #[cfg(feature = "metrics")]
+    answered: [OnceLock<metrics::Counter>; 2],
+    #[cfg(feature = "metrics")]
+    attempts: OnceLock<metrics::Histogram>,
+    #[cfg(feature = "metrics")]
+    retry_wait: [OnceLock<metrics::Histogram>; WaitReason::ALL.len()],
+    #[cfg(feature = "metrics")]
+    budget_exhausted: OnceLock<metrics::Counter>,
+}
+
+impl ClientMetrics {
+    /// A logical call ended with `outcome` (`response` when it was answered) after
+    /// `attempts` attempts.
+    fn call(&self, outcome: &'static str, replayed: bool, attempts: u32) {
+        #[cfg(feature = "metrics")]
+        {
+            let label = if replayed { "true" } else { "false" };
+            let register = || metrics::counter!(telemetry::CLIENT_CALLS, "outcome" => outcome, "replayed" => label);
+            if outcome == RESPONSE {
+                self.answered[usize::from(replayed)]
+                    .get_or_init(register)
+                    .increment(1);
+            } else {
+                register().increment(1);
+            }
+            self.attempts
+                .get_or_init(|| metrics::histogram!(telemetry::CLIENT_ATTEMPTS))
+                .record(f64::from(attempts));
+        }
+    }
+}
+
+/// The `outcome` of a call that was answered (any status).
+const RESPONSE: &str = "response";
 
 /// The span of one logical call. Its fields are formatted only when a subscriber wants
 /// the span (the URL is copied, without its query, only then).
@@ -85,22 +142,35 @@ pub(super) fn attempt_answered(span: &Span, result: &reqwest_middleware::Result<
 }
 
 /// A retry was due and the retry budget refused it.
-pub(super) fn budget_exhausted() {
-    telemetry::client_budget_exhausted();
+pub(super) fn budget_exhausted(metrics: &ClientMetrics) {
+    #[cfg(feature = "metrics")]
+    metrics
+        .budget_exhausted
+        .get_or_init(|| metrics::counter!(telemetry::CLIENT_BUDGET_EXHAUSTED))
+        .increment(1);
 }
 
 /// The loop waits `wait` before its next attempt.
-pub(super) fn retry_wait(reason: WaitReason, wait: Duration) {
-    telemetry::client_retry_wait(reason.as_str(), wait);
+pub(super) fn retry_wait(metrics: &ClientMetrics, reason: WaitReason, wait: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics.retry_wait[reason as usize]
+        .get_or_init(
+            || metrics::histogram!(telemetry::CLIENT_RETRY_WAIT, "reason" => reason.as_str()),
+        )
+        .record(wait.as_secs_f64());
 }
 
-/// Records how the call ended, on the current span (the call's) and in the metrics.
-pub(super) fn call_ended(result: &reqwest_middleware::Result<Response>, attempts: u32) {
+/// Records how the call ended, on the current span (the call's) and in `metrics`.
+pub(super) fn call_ended(
+    metrics: &ClientMetrics,
+    result: &reqwest_middleware::Result<Response>,
+    attempts: u32,
+) {
     let (outcome, replayed) = match result {
-        Ok(r) => ("response", r.idempotency().is_some_and(|i| i.replayed())),
+        Ok(r) => (RESPONSE, r.idempotency().is_some_and(|i| i.replayed())),
         Err(e) => (error_type(e), false),
     };
-    telemetry::client_call(outcome, replayed, attempts);
+    metrics.call(outcome, replayed, attempts);
     let span = Span::current();
     if span.is_disabled() {
         return;

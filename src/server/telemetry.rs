@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 #[cfg(feature = "metrics")]
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
@@ -23,7 +23,7 @@ use tracing::{Instrument, Span};
 use crate::store::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, Watch,
 };
-use crate::telemetry;
+use crate::telemetry::{self, Stopwatch};
 
 /// What the verifier decided for a request: the `idemkey.decision` field of its span
 /// and the `decision` label of `idemkey_server_requests_total`.
@@ -141,19 +141,48 @@ impl Ended {
     }
 }
 
-/// The store operations [`ObservedStore`] observes, in the order of their slots in
-/// [`ServerMetrics`].
-#[cfg(feature = "metrics")]
-const OPERATIONS: [&str; 8] = [
-    "claim",
-    "complete",
-    "renew",
-    "release",
-    "sweep",
-    "inspect",
-    "force_release",
-    "list_in_progress",
-];
+/// A store operation [`ObservedStore`] observes: the `operation` label of the store
+/// metrics and `idemkey.store.operation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Operation {
+    Claim,
+    Complete,
+    Renew,
+    Release,
+    Sweep,
+    Inspect,
+    ForceRelease,
+    ListInProgress,
+}
+
+impl Operation {
+    /// Every operation, in declaration order (its slot in [`ServerMetrics`]).
+    #[cfg(feature = "metrics")]
+    const ALL: [Self; 8] = [
+        Self::Claim,
+        Self::Complete,
+        Self::Renew,
+        Self::Release,
+        Self::Sweep,
+        Self::Inspect,
+        Self::ForceRelease,
+        Self::ListInProgress,
+    ];
+
+    /// The operation's fixed name.
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Complete => "complete",
+            Self::Renew => "renew",
+            Self::Release => "release",
+            Self::Sweep => "sweep",
+            Self::Inspect => "inspect",
+            Self::ForceRelease => "force_release",
+            Self::ListInProgress => "list_in_progress",
+        }
+    }
+}
 
 /// An engine's metric handles, resolved once: one per label value of each fixed set
 /// (decision, outcome, store operation; the store kind is the engine's), each
@@ -174,12 +203,14 @@ pub(crate) struct ServerMetrics {
     #[cfg(feature = "metrics")]
     stored_bytes: OnceLock<metrics::Histogram>,
     #[cfg(feature = "metrics")]
-    store_duration: [OnceLock<metrics::Histogram>; OPERATIONS.len()],
+    store_duration: [OnceLock<metrics::Histogram>; Operation::ALL.len()],
 }
 
 impl ServerMetrics {
-    /// The handles of an engine over a store of `kind`, none registered yet.
+    /// The handles of an engine over a store of `kind`, none registered yet (the clock
+    /// of their durations readied).
     pub(crate) fn new(kind: &'static str) -> Self {
+        Stopwatch::ready();
         Self {
             #[cfg(feature = "metrics")]
             store: kind,
@@ -234,22 +265,14 @@ impl ServerMetrics {
 
     /// A store operation ended after `took`, failing with `error` (a
     /// `StoreError::kind_name`) or not.
-    fn store_operation(
-        &self,
-        operation: &'static str,
-        took: Duration,
-        error: Option<&'static str>,
-    ) {
+    fn store_operation(&self, operation: Operation, took: Duration, error: Option<&'static str>) {
         #[cfg(feature = "metrics")]
         {
             let store = self.store;
-            let register = || metrics::histogram!(telemetry::STORE_DURATION, "store" => store, "operation" => operation);
-            match OPERATIONS.iter().position(|op| *op == operation) {
-                Some(i) => self.store_duration[i]
-                    .get_or_init(register)
-                    .record(took.as_secs_f64()),
-                None => register().record(took.as_secs_f64()),
-            }
+            self.store_duration[operation as usize]
+                .get_or_init(|| metrics::histogram!(telemetry::STORE_DURATION, "store" => store, "operation" => operation.as_str()))
+                .record(took.as_secs_f64());
+            let operation = operation.as_str();
             match error {
                 None => {}
                 Some("fenced") => {
@@ -297,7 +320,7 @@ pub(crate) async fn in_request_span<B, E>(
 /// Runs the handler's future `fut`, timing it for the handler-duration histogram of
 /// `metrics` (the clock is read only with the `metrics` feature).
 pub(crate) async fn timed_handler<F: Future>(metrics: &ServerMetrics, fut: F) -> F::Output {
-    let started = telemetry::METRICS.then(Instant::now);
+    let started = telemetry::METRICS.then(Stopwatch::start);
     let out = fut.await;
     if let Some(started) = started {
         metrics.handler_duration(started.elapsed());
@@ -321,7 +344,7 @@ impl<S: Store> ObservedStore<S> {
 
     async fn observe<T>(
         &self,
-        operation: &'static str,
+        operation: Operation,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let kind = self.inner.kind();
@@ -329,11 +352,11 @@ impl<S: Store> ObservedStore<S> {
             target: "idemkey::store",
             "idemkey.store",
             idemkey.store.kind = kind,
-            idemkey.store.operation = operation,
+            idemkey.store.operation = operation.as_str(),
             idemkey.store.duration_ms = Empty,
             error.type = Empty,
         );
-        let clock = (telemetry::METRICS || !span.is_disabled()).then(Instant::now);
+        let clock = (telemetry::METRICS || !span.is_disabled()).then(Stopwatch::start);
         let result = fut.instrument(span.clone()).await;
         let error = result.as_ref().err().map(StoreError::kind_name);
         if let Some(start) = clock {
@@ -360,7 +383,7 @@ impl<S: Store> Store for ObservedStore<S> {
         self.inner.kind()
     }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.observe("claim", self.inner.claim(req)).await
+        self.observe(Operation::Claim, self.inner.claim(req)).await
     }
     async fn complete(
         &self,
@@ -370,7 +393,7 @@ impl<S: Store> Store for ObservedStore<S> {
         retention: Duration,
     ) -> Result<(), StoreError> {
         self.observe(
-            "complete",
+            Operation::Complete,
             self.inner.complete(id, token, payload, retention),
         )
         .await
@@ -381,25 +404,30 @@ impl<S: Store> Store for ObservedStore<S> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        self.observe("renew", self.inner.renew(id, token, lease))
+        self.observe(Operation::Renew, self.inner.renew(id, token, lease))
             .await
     }
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        self.observe("release", self.inner.release(id, token)).await
+        self.observe(Operation::Release, self.inner.release(id, token))
+            .await
     }
     async fn sweep(&self) -> Result<u64, StoreError> {
-        self.observe("sweep", self.inner.sweep()).await
+        self.observe(Operation::Sweep, self.inner.sweep()).await
     }
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
-        self.observe("inspect", self.inner.inspect(id)).await
+        self.observe(Operation::Inspect, self.inner.inspect(id))
+            .await
     }
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
-        self.observe("force_release", self.inner.force_release(id))
+        self.observe(Operation::ForceRelease, self.inner.force_release(id))
             .await
     }
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
-        self.observe("list_in_progress", self.inner.list_in_progress(limit))
-            .await
+        self.observe(
+            Operation::ListInProgress,
+            self.inner.list_in_progress(limit),
+        )
+        .await
     }
     // Forwarded unobserved: a watch is a subscription that lives as long as a waiter
     // waits, not an operation with a duration. Without this line the trait's polling

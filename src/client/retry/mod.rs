@@ -88,6 +88,7 @@ pub struct RetryMiddleware {
     deadline: Option<Duration>,
     budget: Option<RetryBudget>,
     flights: Option<Arc<Flights>>,
+    metrics: Arc<telemetry::ClientMetrics>,
 }
 
 impl std::fmt::Debug for RetryMiddleware {
@@ -116,6 +117,7 @@ impl Default for RetryMiddleware {
             deadline: Some(DEFAULT_DEADLINE),
             budget: Some(RetryBudget::standard()),
             flights: Some(Arc::default()),
+            metrics: Arc::default(),
         }
     }
 }
@@ -340,7 +342,7 @@ impl RetryMiddleware {
                     match budget.try_spend(after_timeout) {
                         Some(s) => spent = Some(s),
                         None => {
-                            telemetry::budget_exhausted();
+                            telemetry::budget_exhausted(&self.metrics);
                             break Last::BudgetExhausted(result);
                         }
                     }
@@ -357,7 +359,7 @@ impl RetryMiddleware {
                     }
                     _ => WaitReason::Backoff,
                 };
-                telemetry::retry_wait(reason, wait);
+                telemetry::retry_wait(&self.metrics, reason, wait);
                 waited = Some((wait, reason));
                 tracing::debug!(
                     attempt,
@@ -375,7 +377,7 @@ impl RetryMiddleware {
                 }
             }
             let result = outcome::finish(key, attempt, last, self.deadline, sent);
-            telemetry::call_ended(&result, attempt);
+            telemetry::call_ended(&self.metrics, &result, attempt);
             result
         }
     }
