@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use reqwest::{Request, Response};
-use tracing::Span;
 use tracing::field::Empty;
+use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+use tracing::{Level, Span};
 
 use super::error::Error;
 use super::response::ResponseExt;
@@ -34,9 +35,30 @@ impl WaitReason {
     }
 }
 
+/// Whether anything could see a span at `level`: a `tracing` subscriber (as its level
+/// filter tells), or a `log` logger (tracing's `log` feature, which a dependency such as
+/// axum's default `tower-log` turns on, mirrors spans to the `log` crate when no
+/// subscriber is set, and only at or below `log`'s max level). When neither can, the
+/// client's spans are [`Span::none`]: nothing is built, entered or recorded, and the
+/// output is the same (none).
+fn observable(level: Level) -> bool {
+    let traced = level <= STATIC_MAX_LEVEL && level <= LevelFilter::current();
+    let logged = match level {
+        Level::ERROR => log::Level::Error,
+        Level::WARN => log::Level::Warn,
+        Level::INFO => log::Level::Info,
+        Level::DEBUG => log::Level::Debug,
+        _ => log::Level::Trace,
+    } <= log::max_level();
+    traced || logged
+}
+
 /// The span of one logical call. Its fields are formatted only when a subscriber wants
 /// the span (the URL is copied, without its query, only then).
 pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
+    if !observable(Level::INFO) {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: "idemkey::client",
         "idemkey.call",
@@ -62,6 +84,9 @@ pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
 
 /// The span of attempt number `attempt` (1 for the first), with the wait before it.
 pub(super) fn attempt_span(attempt: u32, waited: Option<(Duration, WaitReason)>) -> Span {
+    if !observable(Level::DEBUG) {
+        return Span::none();
+    }
     tracing::debug_span!(
         target: "idemkey::client",
         "idemkey.attempt",
@@ -101,6 +126,10 @@ pub(super) fn call_ended(result: &reqwest_middleware::Result<Response>, attempts
         Err(e) => (error_type(e), false),
     };
     telemetry::client_call(outcome, replayed, attempts);
+    // The current span is the call's (`call_span`), which nothing sees when this is false.
+    if !observable(Level::INFO) {
+        return;
+    }
     let span = Span::current();
     if span.is_disabled() {
         return;
