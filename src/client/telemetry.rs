@@ -3,10 +3,13 @@
 
 use std::time::Duration;
 
+use futures_util::future::Either;
+
 use reqwest::{Request, Response};
 use tracing::field::Empty;
+use tracing::instrument::Instrumented;
 use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
-use tracing::{Level, Span};
+use tracing::{Instrument, Level, Span};
 
 use super::error::Error;
 use super::response::ResponseExt;
@@ -51,6 +54,16 @@ fn observable(level: Level) -> bool {
         _ => log::Level::Trace,
     } <= log::max_level();
     traced || logged
+}
+
+/// `future` under `span`, or alone when the span is [`Span::none`] (entering and leaving
+/// it on every poll would do nothing).
+pub(super) fn in_span<F: Future>(future: F, span: &Span) -> Either<F, Instrumented<F>> {
+    if span.is_none() {
+        Either::Left(future)
+    } else {
+        Either::Right(future.instrument(span.clone()))
+    }
 }
 
 /// The span of one logical call. Its fields are formatted only when a subscriber wants
