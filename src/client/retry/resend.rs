@@ -62,12 +62,16 @@ impl Resend {
                 Some(bytes)
             }
         };
-        let headers = req
-            .headers()
-            .iter()
-            .filter(|(name, _)| Some(*name) != own_key)
-            .map(|(name, value)| (name.clone(), value.clone()))
-            .collect();
+        // Nothing to walk when the key header is the only one (or there is none).
+        let mut headers = Vec::new();
+        if req.headers().len() > usize::from(own_key.is_some()) {
+            headers.reserve(req.headers().len());
+            for (name, value) in req.headers() {
+                if Some(name) != own_key {
+                    headers.push((name.clone(), value.clone()));
+                }
+            }
+        }
         let kept = Kept {
             method: req.method().clone(),
             url: req.url().clone(),
