@@ -31,12 +31,14 @@ pub(crate) struct KeyResolver {
     methods: Vec<Method>,
 }
 
-/// The key of a logical request, and whether this crate generated it at random (such
-/// keys never meet another call's).
+/// The key of a logical request, whether this crate generated it at random (such keys
+/// never meet another call's), and the key header this pass put on the request, if it
+/// did (the key travels in a header, and the caller's was not there).
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     pub(crate) key: IdempotencyKey,
     pub(crate) random: bool,
+    pub(crate) placed_header: bool,
 }
 
 impl Default for KeyResolver {
@@ -53,6 +55,14 @@ impl Default for KeyResolver {
 impl KeyResolver {
     pub(crate) fn set_header(&mut self, name: HeaderName) {
         self.placement = KeyPlacement::Header(name);
+    }
+
+    /// The header the key travels in, unless it travels in the body.
+    pub(crate) fn header_name(&self) -> Option<&HeaderName> {
+        match &self.placement {
+            KeyPlacement::Header(name) => Some(name),
+            KeyPlacement::JsonBodyField(_) => None,
+        }
     }
 
     pub(crate) fn set_methods(&mut self, methods: impl IntoIterator<Item = Method>) {
@@ -122,7 +132,10 @@ impl KeyResolver {
         };
         req.headers_mut()
             .insert(name.clone(), resolved.key.to_header_value());
-        Ok(Some(resolved))
+        Ok(Some(Resolved {
+            placed_header: true,
+            ..resolved
+        }))
     }
 
     /// Fixes `key` as the logical request's key in `ext`, after the vendor's length check.
@@ -151,7 +164,11 @@ impl KeyResolver {
                 ext.insert(in_flight);
             }
         }
-        Ok(Resolved { key, random })
+        Ok(Resolved {
+            key,
+            random,
+            placed_header: false,
+        })
     }
 
     /// The key, and whether it is on the request already (so need not be placed).
@@ -250,6 +267,7 @@ fn reuse(ext: &mut Extensions) -> Option<Resolved> {
     Some(Resolved {
         key,
         random: in_flight.random,
+        placed_header: false,
     })
 }
 

@@ -9,9 +9,13 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures_util::future::Either;
+
 use reqwest::{Request, Response};
-use tracing::Span;
 use tracing::field::Empty;
+use tracing::instrument::Instrumented;
+use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+use tracing::{Instrument, Level, Span};
 
 use super::error::Error;
 use super::response::ResponseExt;
@@ -91,9 +95,40 @@ impl ClientMetrics {
 /// The `outcome` of a call that was answered (any status).
 const RESPONSE: &str = "response";
 
+/// Whether anything could see a span at `level`: a `tracing` subscriber (as its level
+/// filter tells), or a `log` logger (tracing's `log` feature, which a dependency such as
+/// axum's default `tower-log` turns on, mirrors spans to the `log` crate when no
+/// subscriber is set, and only at or below `log`'s max level). When neither can, the
+/// client's spans are [`Span::none`]: nothing is built, entered or recorded, and the
+/// output is the same (none).
+fn observable(level: Level) -> bool {
+    let traced = level <= STATIC_MAX_LEVEL && level <= LevelFilter::current();
+    let logged = match level {
+        Level::ERROR => log::Level::Error,
+        Level::WARN => log::Level::Warn,
+        Level::INFO => log::Level::Info,
+        Level::DEBUG => log::Level::Debug,
+        _ => log::Level::Trace,
+    } <= log::max_level();
+    traced || logged
+}
+
+/// `future` under `span`, or alone when the span is [`Span::none`] (entering and leaving
+/// it on every poll would do nothing).
+pub(super) fn in_span<F: Future>(future: F, span: &Span) -> Either<F, Instrumented<F>> {
+    if span.is_none() {
+        Either::Left(future)
+    } else {
+        Either::Right(future.instrument(span.clone()))
+    }
+}
+
 /// The span of one logical call. Its fields are formatted only when a subscriber wants
 /// the span (the URL is copied, without its query, only then).
 pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
+    if !observable(Level::INFO) {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: "idemkey::client",
         "idemkey.call",
@@ -119,6 +154,9 @@ pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
 
 /// The span of attempt number `attempt` (1 for the first), with the wait before it.
 pub(super) fn attempt_span(attempt: u32, waited: Option<(Duration, WaitReason)>) -> Span {
+    if !observable(Level::DEBUG) {
+        return Span::none();
+    }
     tracing::debug_span!(
         target: "idemkey::client",
         "idemkey.attempt",
@@ -171,6 +209,10 @@ pub(super) fn call_ended(
         Err(e) => (error_type(e), false),
     };
     metrics.call(outcome, replayed, attempts);
+    // The current span is the call's (`call_span`), which nothing sees when this is false.
+    if !observable(Level::INFO) {
+        return;
+    }
     let span = Span::current();
     if span.is_disabled() {
         return;
