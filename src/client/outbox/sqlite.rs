@@ -226,6 +226,9 @@ impl SqliteJournal {
 /// (waiting up to the busy timeout for the application's transactions).
 struct SqliteWriter(SqliteConnection);
 
+/// Batches of at most this many writes keep their script prepared.
+const KEPT_PREPARED: usize = 4;
+
 /// What leads each row of a batch script: which statement returned it, and its round.
 const EXISTING: i64 = 0;
 const INSERTED: i64 = 1;
@@ -348,8 +351,11 @@ fn answers(rounds: &[Round<'_>], len: usize, rows: &[SqliteRow]) -> Vec<Reply> {
 impl Backend for SqliteWriter {
     async fn run(&mut self, sql: &Statements, batch: &[Write]) -> Result<Vec<Reply>, sqlx::Error> {
         let rounds = rounds(batch);
-        // Each batch's script differs: not worth a slot in the statement cache.
-        let mut q = sqlx::query(AssertSqlSafe(script(sql, &rounds))).persistent(false);
+        // The scripts of small batches recur (a lone caller's enqueue, its outcome, the
+        // two together) and are kept prepared; a large batch's script rarely recurs, so
+        // it is prepared for the one use and takes no slot in the statement cache.
+        let mut q = sqlx::query(AssertSqlSafe(script(sql, &rounds)))
+            .persistent(batch.len() <= KEPT_PREPARED);
         for round in &rounds {
             for (_, op) in &round.enqueues {
                 q = q.bind(op.id.as_str());
