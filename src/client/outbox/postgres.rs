@@ -1,15 +1,19 @@
 //! The shared durable journal on PostgreSQL.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::journal::{Enqueued, JournalError, Operation};
-use super::sql::{DEFAULT_TABLE, Statements, enqueue_on, table_name, unavailable};
-use super::writer::{Backend, Reply, Write, Writer, journal_over_writer, run_rounds};
+use super::sql::{
+    DEFAULT_TABLE, OperationRow, OutcomeRow, Statements, bind_operation, bind_outcome,
+    decode_operation, enqueue_on, table_name, unavailable,
+};
+use super::writer::{Backend, Reply, Write, Writer, answered, journal_over_writer, rounds};
 
 /// A durable journal in a PostgreSQL table (feature `outbox-postgres`), for
 /// applications whose instances share their outbox, or whose own data lives in
@@ -179,12 +183,97 @@ struct PostgresWriter(PgPool);
 impl Backend for PostgresWriter {
     async fn run(&mut self, sql: &Statements, batch: &[Write]) -> Result<Vec<Reply>, sqlx::Error> {
         let mut tx = self.0.begin().await?;
-        let answers = run_rounds!(&mut tx, sql, batch).await?;
+        let answers = run_rounds(&mut tx, sql, batch).await?;
         tx.commit().await?;
         Ok(answers)
     }
 
     async fn close(self) {}
+}
+
+/// Runs the rounds of `batch` on `conn` (inside the batch's transaction), each round one
+/// statement per kind of write (PostgreSQL takes one statement per request): the answer
+/// to each write, in order.
+async fn run_rounds(
+    conn: &mut PgConnection,
+    statements: &Statements,
+    batch: &[Write],
+) -> Result<Vec<Reply>, sqlx::Error> {
+    let mut answers: Vec<Option<Reply>> = batch.iter().map(|_| None).collect();
+    for round in rounds(batch) {
+        let mut existing = Vec::new();
+        if !round.enqueues.is_empty() {
+            let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
+                statements.insert_many(Some(1), round.enqueues.len(), ""),
+            ));
+            for (_, op) in &round.enqueues {
+                q = bind_operation!(q, OperationRow::new(op));
+            }
+            let inserted: HashSet<String> = q.fetch_all(&mut *conn).await?.into_iter().collect();
+            for (i, op) in &round.enqueues {
+                if inserted.contains(&op.id) {
+                    answers[*i] = Some(Reply::Enqueued(Enqueued::Inserted));
+                } else {
+                    existing.push((*i, op.id.as_str()));
+                }
+            }
+        }
+        if !round.attempts.is_empty() {
+            let mut q = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(
+                statements.begin_attempt_many(Some(1), round.attempts.len(), ""),
+            ));
+            for (_, id) in &round.attempts {
+                q = q.bind(*id);
+            }
+            let counts: HashMap<String, i64> = q.fetch_all(&mut *conn).await?.into_iter().collect();
+            for (i, id) in &round.attempts {
+                answers[*i] = Some(Reply::Attempts(
+                    counts
+                        .get(*id)
+                        .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
+                ));
+            }
+        }
+        if !round.completes.is_empty() {
+            let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
+                statements.complete_many(Some(1), round.completes.len(), ""),
+            ));
+            for (_, id, outcome) in &round.completes {
+                q = bind_outcome!(q, *id, OutcomeRow::new(outcome));
+            }
+            let done: HashSet<String> = q.fetch_all(&mut *conn).await?.into_iter().collect();
+            for (i, id, _) in &round.completes {
+                answers[*i] = Some(Reply::Completed(done.contains(*id)));
+            }
+        }
+        if !existing.is_empty() {
+            // Read within the round: what a write alone in queue order would see.
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(statements.get_many(
+                Some(1),
+                existing.len(),
+                "",
+            )));
+            for (_, id) in &existing {
+                q = q.bind(*id);
+            }
+            let mut found = HashMap::new();
+            for row in q.fetch_all(&mut *conn).await? {
+                let op = decode_operation(&row);
+                let id: String = sqlx::Row::try_get(&row, "id")?;
+                found.insert(id, op);
+            }
+            for (i, id) in existing {
+                answers[i] = Some(match found.remove(id) {
+                    Some(Ok(op)) => Reply::Enqueued(Enqueued::Existing(Box::new(op))),
+                    Some(Err(e)) => Reply::Failed(e),
+                    None => Reply::Failed(JournalError::corrupt(format!(
+                        "outbox journal: operation {id:?} exists and cannot be read"
+                    ))),
+                });
+            }
+        }
+    }
+    Ok(answered(answers))
 }
 
 journal_over_writer!(PostgresJournal);

@@ -17,7 +17,9 @@ use super::sql::{
     DEFAULT_TABLE, OperationRow, OutcomeRow, Statements, bind_operation, bind_outcome,
     decode_operation, enqueue_on, table_name, unavailable,
 };
-use super::writer::{Backend, MAX_BATCH, Reply, Round, Write, Writer, journal_over_writer, rounds};
+use super::writer::{
+    Backend, MAX_BATCH, Reply, Round, Write, Writer, answered, journal_over_writer, rounds,
+};
 
 /// A durable journal in one SQLite file (feature `outbox-sqlite`): the embedded
 /// default.
@@ -335,16 +337,7 @@ fn answers(rounds: &[Round<'_>], len: usize, rows: &[SqliteRow]) -> Vec<Reply> {
             answers[*i] = Some(Reply::Completed(seen.completed.contains(*id)));
         }
     }
-    answers
-        .into_iter()
-        .map(|a| {
-            a.unwrap_or_else(|| {
-                Reply::Failed(JournalError::corrupt(
-                    "outbox journal: the writer lost a write's answer",
-                ))
-            })
-        })
-        .collect()
+    answered(answers)
 }
 
 #[async_trait]

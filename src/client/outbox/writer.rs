@@ -92,6 +92,21 @@ pub(crate) fn rounds(batch: &[Write]) -> Vec<Round<'_>> {
     rounds
 }
 
+/// The answers to a batch's writes, one per write, from what its rounds filled in (a
+/// write left without one is answered with an error, never silently).
+pub(crate) fn answered(answers: Vec<Option<Reply>>) -> Vec<Reply> {
+    answers
+        .into_iter()
+        .map(|a| {
+            a.unwrap_or_else(|| {
+                Reply::Failed(JournalError::corrupt(
+                    "outbox journal: the writer lost a write's answer",
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Runs one batch in one transaction on one database.
 #[async_trait]
 pub(crate) trait Backend: Send + 'static {
@@ -102,110 +117,6 @@ pub(crate) trait Backend: Send + 'static {
     /// The queue is closed and drained.
     async fn close(self);
 }
-
-/// Runs the rounds of `$batch` on the open transaction `$tx` with the statements
-/// `$sql`: the answer to each write, in order (`Result<Vec<Reply>, sqlx::Error>`). A
-/// macro so that each journal runs it on its own concrete connection type.
-macro_rules! run_rounds {
-    ($tx:expr, $sql:expr, $batch:expr) => {
-        async {
-            use $crate::client::outbox::sql::{
-                OperationRow, OutcomeRow, bind_operation, bind_outcome, decode_operation,
-            };
-            use $crate::client::outbox::writer::{Reply, rounds};
-            let (tx, statements, batch) = ($tx, $sql, $batch);
-            let mut answers: Vec<Option<Reply>> = batch.iter().map(|_| None).collect();
-            for round in rounds(batch) {
-                let mut existing = Vec::new();
-                if !round.enqueues.is_empty() {
-                    let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
-                        statements.insert_many(Some(1), round.enqueues.len(), ""),
-                    ));
-                    for (_, op) in &round.enqueues {
-                        q = bind_operation!(q, OperationRow::new(op));
-                    }
-                    let inserted: std::collections::HashSet<String> =
-                        q.fetch_all(&mut **tx).await?.into_iter().collect();
-                    for (i, op) in &round.enqueues {
-                        if inserted.contains(&op.id) {
-                            answers[*i] =
-                                Some(Reply::Enqueued($crate::client::outbox::Enqueued::Inserted));
-                        } else {
-                            existing.push((*i, op.id.as_str()));
-                        }
-                    }
-                }
-                if !round.attempts.is_empty() {
-                    let mut q = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(
-                        statements.begin_attempt_many(Some(1), round.attempts.len(), ""),
-                    ));
-                    for (_, id) in &round.attempts {
-                        q = q.bind(*id);
-                    }
-                    let counts: std::collections::HashMap<String, i64> =
-                        q.fetch_all(&mut **tx).await?.into_iter().collect();
-                    for (i, id) in &round.attempts {
-                        answers[*i] = Some(Reply::Attempts(
-                            counts
-                                .get(*id)
-                                .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
-                        ));
-                    }
-                }
-                if !round.completes.is_empty() {
-                    let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
-                        statements.complete_many(Some(1), round.completes.len(), ""),
-                    ));
-                    for (_, id, outcome) in &round.completes {
-                        q = bind_outcome!(q, *id, OutcomeRow::new(outcome));
-                    }
-                    let done: std::collections::HashSet<String> =
-                        q.fetch_all(&mut **tx).await?.into_iter().collect();
-                    for (i, id, _) in &round.completes {
-                        answers[*i] = Some(Reply::Completed(done.contains(*id)));
-                    }
-                }
-                if !existing.is_empty() {
-                    // Read within the round: what a write alone in queue order would see.
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(statements.get_many(
-                        Some(1),
-                        existing.len(),
-                        "",
-                    )));
-                    for (_, id) in &existing {
-                        q = q.bind(*id);
-                    }
-                    let mut found = std::collections::HashMap::new();
-                    for row in q.fetch_all(&mut **tx).await? {
-                        let op = decode_operation(&row);
-                        let id: String = sqlx::Row::try_get(&row, "id")?;
-                        found.insert(id, op);
-                    }
-                    for (i, id) in existing {
-                        answers[i] = Some(match found.remove(id) {
-                            Some(Ok(op)) => Reply::Enqueued(
-                                $crate::client::outbox::Enqueued::Existing(Box::new(op)),
-                            ),
-                            Some(Err(e)) => Reply::Failed(e),
-                            None => Reply::Failed($crate::client::outbox::JournalError::corrupt(
-                                format!(
-                                    "outbox journal: operation {id:?} exists and cannot be read"
-                                ),
-                            )),
-                        });
-                    }
-                }
-            }
-            Ok::<_, sqlx::Error>(
-                answers
-                    .into_iter()
-                    .map(|a| a.unwrap_or(Reply::Flushed))
-                    .collect::<Vec<Reply>>(),
-            )
-        }
-    };
-}
-pub(crate) use run_rounds;
 
 /// A journal's handle on its writer task, and what it queued and has not committed.
 #[derive(Clone)]
