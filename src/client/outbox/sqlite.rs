@@ -25,7 +25,7 @@ use super::writer::{
 /// default.
 ///
 /// The file is opened in WAL mode with `synchronous = FULL`: an operation is on disk
-/// before [`Journal::enqueue`] returns, so before the first byte of its request goes out,
+/// before [`Journal::enqueue`](super::Journal::enqueue) returns, so before the first byte of its request goes out,
 /// and it survives a crash of the process or of the machine.
 ///
 /// **Group commit.** All writes go to one writer task on one connection. It takes every
@@ -36,17 +36,17 @@ use super::writer::{
 /// share commits and statements, so that the cost per call falls well under one synced
 /// commit. [`SqliteJournal::commits`] counts the commits.
 ///
-/// **Deferred outcomes.** [`Journal::complete_deferred`] (what the outbox records an
+/// **Deferred outcomes.** [`Journal::complete_deferred`](super::Journal::complete_deferred) (what the outbox records an
 /// answer with) queues the outcome to the writer and returns without waiting for its
 /// commit: the caller gets its answer one synced commit sooner. Reads of this journal see
 /// the queued outcome at once (read-your-writes); it is on disk after the next group
-/// commit, and [`Journal::flush`] waits for it. A crash before then leaves the operation
+/// commit, and [`Journal::flush`](super::Journal::flush) waits for it. A crash before then leaves the operation
 /// pending, and a resume gets the server's replay with the same key (see the
-/// [journal contract](Journal), point 6). Because every write goes through the one
+/// [journal contract](super::Journal), point 6). Because every write goes through the one
 /// writer in order, an enqueue or attempt that returned was committed after every
 /// outcome queued before it.
 ///
-/// Reads ([`Journal::get`], [`Journal::pending`]) use a pool of their own. With
+/// Reads ([`Journal::get`](super::Journal::get), [`Journal::pending`](super::Journal::pending)) use a pool of their own. With
 /// [`SqliteJournal::enqueue_in`] an operation is written inside the application's own
 /// transaction on the same file (the transactional outbox).
 ///
@@ -174,7 +174,7 @@ impl SqliteJournal {
     }
 
     /// Transactions the writer committed so far (each one WAL sync under
-    /// `synchronous = FULL`); with [`Journal::enqueue`] and [`Journal::complete`]
+    /// `synchronous = FULL`); with [`Journal::enqueue`](super::Journal::enqueue) and [`Journal::complete`](super::Journal::complete)
     /// calls counted by the caller, the commits per call.
     #[must_use]
     pub fn commits(&self) -> u64 {
