@@ -9,15 +9,20 @@
 //!   `synchronous = FULL`, group commit) in a temporary file;
 //! - `sqlite-awaited`: the same journal with every outcome's commit awaited by the send
 //!   (as before outcomes were deferred), to see what deferring buys in the same run;
-//! - `postgres`: the same over a `PostgresJournal` on the shared PostgreSQL
-//!   (`IDEMKEY_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in a
-//!   table of its own, dropped at the end.
+//! - `postgres`: the same over a `PostgresJournal` (group commit, deferred outcomes) on
+//!   the shared PostgreSQL (`IDEMKEY_POSTGRES_URL`, default
+//!   `postgres://postgres@127.0.0.1:5432/test`), in a table of its own, dropped at the
+//!   end;
+//! - `postgres-awaited`: the same PostgreSQL journal with every outcome's commit awaited.
 //!
 //! A send returns once its outcome is queued, without waiting for the outcome's commit;
 //! each measurement ends with `Outbox::flush` inside the timed span, so every outcome it
 //! recorded is durable and its commits are counted in it.
 //!
-//! Every kind is measured three times, interleaved, and the median kept; throughput is
+//! 150 calls from 1 caller; from 64 callers, 64 calls each (`IDEMKEY_BENCH_OUTBOX_PER_CALLER`
+//! overrides it: at 16, a measurement lasts about 50 ms and the scheduling noise of a
+//! shared machine dominates it). Every kind is measured three times, interleaved, and
+//! the median kept; throughput is
 //! given as a ratio to the unjournaled baseline of the same concurrency, with the
 //! journal's commits per call (for SQLite, each commit is one WAL sync).
 //!
@@ -40,12 +45,12 @@ use reqwest_middleware::ClientWithMiddleware;
 
 const ROUNDS: usize = 3;
 
-/// A SQLite journal whose deferred outcomes are awaited: the trait's default
+/// A journal whose deferred outcomes are awaited: the trait's default
 /// `complete_deferred` (which awaits `complete`), every other method delegated.
-struct Awaited(SqliteJournal);
+struct Awaited<J>(J);
 
 #[async_trait::async_trait]
-impl Journal for Awaited {
+impl<J: Journal> Journal for Awaited<J> {
     async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError> {
         self.0.enqueue(op).await
     }
@@ -69,6 +74,7 @@ enum Kind {
     Sqlite(SqliteJournal, Outbox),
     SqliteAwaited(SqliteJournal, Outbox),
     Postgres(PostgresJournal, Outbox),
+    PostgresAwaited(PostgresJournal, Outbox),
 }
 
 impl Kind {
@@ -78,6 +84,7 @@ impl Kind {
             Kind::Sqlite(..) => "sqlite",
             Kind::SqliteAwaited(..) => "sqlite-awaited",
             Kind::Postgres(..) => "postgres",
+            Kind::PostgresAwaited(..) => "postgres-awaited",
         }
     }
 
@@ -85,7 +92,7 @@ impl Kind {
         match self {
             Kind::Unjournaled => 0,
             Kind::Sqlite(j, _) | Kind::SqliteAwaited(j, _) => j.commits(),
-            Kind::Postgres(j, _) => j.commits(),
+            Kind::Postgres(j, _) | Kind::PostgresAwaited(j, _) => j.commits(),
         }
     }
 
@@ -93,7 +100,8 @@ impl Kind {
     async fn flush(&self) {
         if let Kind::Sqlite(_, outbox)
         | Kind::SqliteAwaited(_, outbox)
-        | Kind::Postgres(_, outbox) = self
+        | Kind::Postgres(_, outbox)
+        | Kind::PostgresAwaited(_, outbox) = self
         {
             outbox.flush().await.expect("flushed");
         }
@@ -111,7 +119,8 @@ impl Kind {
             }
             Kind::Sqlite(_, outbox)
             | Kind::SqliteAwaited(_, outbox)
-            | Kind::Postgres(_, outbox) => {
+            | Kind::Postgres(_, outbox)
+            | Kind::PostgresAwaited(_, outbox) => {
                 let outcome = request.outbox(outbox, id).send().await.expect("sent");
                 assert_eq!(outcome.status, 201);
             }
@@ -185,12 +194,17 @@ async fn main() {
         Kind::Unjournaled,
         Kind::Sqlite(sqlite.clone(), Outbox::new(sqlite.clone())),
         Kind::SqliteAwaited(sqlite.clone(), Outbox::new(Awaited(sqlite))),
-        Kind::Postgres(postgres.clone(), Outbox::new(postgres)),
+        Kind::Postgres(postgres.clone(), Outbox::new(postgres.clone())),
+        Kind::PostgresAwaited(postgres.clone(), Outbox::new(Awaited(postgres))),
     ];
 
     println!("| callers | kind | calls/s | / unjournaled | commits per call |");
     println!("|---|---|---|---|---|");
-    for (callers, per_caller) in [(1, 150), (64, 16)] {
+    let per_caller_64 = std::env::var("IDEMKEY_BENCH_OUTBOX_PER_CALLER")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(64);
+    for (callers, per_caller) in [(1, 150), (64, per_caller_64)] {
         // Warm-up: connections, prepared statements.
         for kind in &kinds {
             measure(
@@ -206,7 +220,7 @@ async fn main() {
         let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); kinds.len()];
         for round in 0..ROUNDS {
             for (k, kind) in kinds.iter().enumerate() {
-                // Ids of their own per kind: the two SQLite kinds share one journal.
+                // Ids of their own per kind: the kinds of one database share a journal.
                 let run = format!("{}-c{callers}-r{round}", kind.name());
                 results[k].push(measure(kind, &client, &url, callers, per_caller, &run).await);
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use http::header;
 use idemkey::client::outbox::{
-    Journal, MemoryJournal, Outbox, OutboxExt, PostgresJournal, Resumed, SqliteJournal,
+    Enqueued, Journal, MemoryJournal, Outbox, OutboxExt, PostgresJournal, Resumed, SqliteJournal,
 };
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
@@ -425,6 +425,97 @@ async fn sqlite_enqueues_arriving_together_share_a_commit() {
         64,
         "all durable"
     );
+}
+
+/// Writes on one operation queued together land in one batch, and each gets the answer
+/// it would get alone in queue order (the writer runs the k-th write of each operation
+/// in round k): a second enqueue finds the first, an attempt counts, an outcome is
+/// recorded, and a later enqueue finds the outcome. All in one commit. On a
+/// current-thread runtime every write is queued before the writer task runs.
+async fn writes_on_one_operation_in_one_batch_keep_their_order(
+    journal: impl Journal,
+    commits: impl Fn() -> u64,
+    run: &str,
+) {
+    let outbox = Outbox::new(MemoryJournal::new());
+    let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+    let prepare = |id: &str| {
+        let request = client
+            .post("http://127.0.0.1:9/v1/charges")
+            .body(format!("{{\"op\":\"{id}\"}}"))
+            .build()
+            .expect("request");
+        outbox.prepare(id, request).expect("prepare")
+    };
+    let (a, b) = (prepare(&format!("{run}:a")), prepare(&format!("{run}:b")));
+    let outcome = idemkey::client::outbox::Outcome {
+        status: http::StatusCode::CREATED,
+        replayed: false,
+        attempts: 1,
+        headers: http::HeaderMap::new(),
+        body: bytes::Bytes::from_static(b"{\"id\":\"ch_1\"}"),
+        body_truncated: false,
+        completed: SystemTime::now(),
+    };
+    let before = commits();
+    let (first, second, attempt, completed, third, other) = tokio::join!(
+        journal.enqueue(&a),
+        journal.enqueue(&a),
+        journal.begin_attempt(&a.id),
+        journal.complete(&a.id, &outcome),
+        journal.enqueue(&a),
+        journal.enqueue(&b),
+    );
+    assert_eq!(commits() - before, 1, "one batch, one commit");
+    assert_eq!(first.expect("first"), Enqueued::Inserted);
+    match second.expect("second") {
+        Enqueued::Existing(op) => {
+            assert_eq!(
+                (op.attempts, op.outcome.is_none()),
+                (0, true),
+                "as first stored"
+            );
+        }
+        Enqueued::Inserted => panic!("the second enqueue of one id inserted it again"),
+    }
+    assert_eq!(attempt.expect("attempt"), Some(1));
+    assert!(completed.expect("complete"), "the outcome was recorded");
+    match third.expect("third") {
+        Enqueued::Existing(op) => {
+            assert_eq!(op.attempts, 1, "after the attempt");
+            let recorded = op.outcome.expect("after the outcome");
+            assert_eq!(
+                (recorded.status, recorded.body),
+                (outcome.status, outcome.body)
+            );
+        }
+        Enqueued::Inserted => panic!("the third enqueue of one id inserted it again"),
+    }
+    assert_eq!(other.expect("other"), Enqueued::Inserted);
+    assert_eq!(
+        journal.pending(10).await.expect("pending").len(),
+        1,
+        "b only"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn sqlite_writes_on_one_operation_in_one_batch_keep_their_order() {
+    let dir = support::TempDir::new("idemkey-outbox");
+    let journal = SqliteJournal::open(dir.path().join("outbox.db"))
+        .await
+        .expect("open");
+    let counter = journal.clone();
+    writes_on_one_operation_in_one_batch_keep_their_order(journal, || counter.commits(), "s").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn postgres_writes_on_one_operation_in_one_batch_keep_their_order() {
+    let table = support::unique("idemkey_outbox_test");
+    let journal = postgres_journal(&table).await;
+    let counter = journal.clone();
+    writes_on_one_operation_in_one_batch_keep_their_order(journal, || counter.commits(), "p").await;
+    support::drop_postgres_table(&table).await;
 }
 
 /// The transactional outbox on SQLite: an operation enqueued in a rolled-back

@@ -115,10 +115,9 @@ pub enum Enqueued {
 /// enforces).
 ///
 /// Which journal defers: [`MemoryJournal`](super::MemoryJournal) records at once (the
-/// default methods). `SqliteJournal` queues the outcome to its writer, committed with
-/// the next group commit. `PostgresJournal` keeps awaiting its commit (the default
-/// methods): its writes do not go through one ordered writer, so deferring would break
-/// the ordering above.
+/// default methods). `SqliteJournal` and `PostgresJournal` queue the outcome to their
+/// one ordered writer, committed with the next group commit, which keeps the ordering
+/// above.
 #[async_trait]
 pub trait Journal: Send + Sync + 'static {
     /// Records `op` (pending, or with its outcome) unless an operation with its id

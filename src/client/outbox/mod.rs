@@ -75,6 +75,8 @@ mod resume;
 pub(crate) mod sql;
 #[cfg(feature = "outbox-sqlite")]
 mod sqlite;
+#[cfg(any(feature = "outbox-sqlite", feature = "outbox-postgres"))]
+pub(crate) mod writer;
 
 pub use error::OutboxError;
 pub use journal::{Enqueued, Journal, JournalError, Operation, Outcome};

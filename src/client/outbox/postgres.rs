@@ -1,33 +1,37 @@
 //! The shared durable journal on PostgreSQL.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
-use super::journal::{Enqueued, Journal, JournalError, Operation, Outcome};
+use super::journal::{Enqueued, JournalError, Operation};
 use super::sql::{
     DEFAULT_TABLE, OperationRow, OutcomeRow, Statements, bind_operation, bind_outcome,
-    decode_operation, table_name, unavailable,
+    decode_operation, enqueue_on, table_name, unavailable,
 };
-use crate::store::sql::sql;
+use super::writer::{Backend, Reply, Write, Writer, answered, journal_over_writer, rounds};
 
 /// A durable journal in a PostgreSQL table (feature `outbox-postgres`), for
 /// applications whose instances share their outbox, or whose own data lives in
 /// PostgreSQL ([`PostgresJournal::enqueue_in`]).
 ///
-/// Each write is one statement, committed when it returns (PostgreSQL groups the
-/// commits of concurrent sessions itself, `commit_delay` permitting).
-/// [`PostgresJournal::commits`] counts them. The table is created when the journal
-/// connects.
+/// **Group commit**, as `SqliteJournal` does: all writes of
+/// this journal (and its clones) go to one writer task, which takes every write that
+/// is waiting (up to 256), runs them in one transaction with one multi-row statement
+/// per kind of write, commits once, and only then answers each caller.
+/// [`PostgresJournal::commits`] counts the commits. Reads go to the pool. The table is
+/// created when the journal connects.
 ///
-/// Outcomes are not deferred here: [`Journal::complete_deferred`] awaits its commit as
-/// [`Journal::complete`] does (the trait's default), and [`Journal::flush`] has nothing
-/// to wait for. The writes go to a pool, not through one ordered writer, so a deferred
-/// outcome could commit after a later enqueue or attempt (journal contract, point 6).
+/// **Deferred outcomes**, as on SQLite: [`Journal::complete_deferred`](super::Journal::complete_deferred)
+/// queues the outcome to the writer and returns; this journal reads it back at once, it
+/// is committed with the next batch, and [`Journal::flush`](super::Journal::flush) waits
+/// for it. The one ordered writer keeps the journal contract's point 6: an enqueue or
+/// attempt that returned was committed after every outcome queued before it. Other
+/// processes sharing the table see an outcome once it is committed.
 ///
 /// ```no_run
 /// use idemkey::client::outbox::{Outbox, PostgresJournal};
@@ -38,9 +42,9 @@ use crate::store::sql::sql;
 /// ```
 #[derive(Clone)]
 pub struct PostgresJournal {
-    pool: PgPool,
+    writer: Writer,
+    readers: PgPool,
     sql: Arc<Statements>,
-    commits: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for PostgresJournal {
@@ -102,9 +106,9 @@ impl PostgresJournalBuilder {
             .await
             .map_err(|e| unavailable("creating the schema", e))?;
         Ok(PostgresJournal {
-            pool,
+            writer: Writer::spawn(PostgresWriter(pool.clone()), sql.clone()),
+            readers: pool,
             sql,
-            commits: Arc::new(AtomicU64::new(0)),
         })
     }
 }
@@ -129,10 +133,11 @@ impl PostgresJournal {
         Self::builder(url).connect().await
     }
 
-    /// Write statements committed so far (enqueues, attempts, outcomes).
+    /// Transactions the writer committed so far (each batch of enqueues, attempts and
+    /// outcomes is one); with the calls counted by the caller, the commits per call.
     #[must_use]
     pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.writer.commits()
     }
 
     /// Records `op` inside the application's transaction `tx`, so that the
@@ -166,81 +171,109 @@ impl PostgresJournal {
         tx: &mut Transaction<'_, Postgres>,
         op: &Operation,
     ) -> Result<Enqueued, JournalError> {
-        enqueue_on(tx, &self.sql, op).await
+        enqueue_on!(&mut **tx, &self.sql, op).await
     }
 }
 
-async fn enqueue_on(
-    conn: &mut PgConnection,
-    statements: &Statements,
-    op: &Operation,
-) -> Result<Enqueued, JournalError> {
-    let inserted = bind_operation!(sqlx::query(sql(&statements.insert)), OperationRow::new(op))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| unavailable("enqueue", e))?
-        .rows_affected();
-    if inserted == 1 {
-        return Ok(Enqueued::Inserted);
-    }
-    let row = sqlx::query(sql(&statements.get))
-        .bind(op.id.as_str())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| unavailable("enqueue (reading the existing operation)", e))?;
-    Ok(Enqueued::Existing(Box::new(decode_operation(&row)?)))
-}
+/// The writer's connections: a pooled one per batch, so that a lost connection costs one
+/// failed batch, not the writer.
+struct PostgresWriter(PgPool);
 
 #[async_trait]
-impl Journal for PostgresJournal {
-    async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| unavailable("enqueue", e))?;
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        enqueue_on(&mut conn, &self.sql, op).await
+impl Backend for PostgresWriter {
+    async fn run(&mut self, sql: &Statements, batch: &[Write]) -> Result<Vec<Reply>, sqlx::Error> {
+        let mut tx = self.0.begin().await?;
+        let answers = run_rounds(&mut tx, sql, batch).await?;
+        tx.commit().await?;
+        Ok(answers)
     }
 
-    async fn begin_attempt(&self, id: &str) -> Result<Option<u32>, JournalError> {
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        let n = sqlx::query_scalar::<_, i64>(sql(&self.sql.begin_attempt))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| unavailable("begin_attempt", e))?;
-        Ok(n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
-    }
-
-    async fn complete(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        let done = bind_outcome!(
-            sqlx::query(sql(&self.sql.complete)),
-            id,
-            OutcomeRow::new(outcome)
-        )
-        .execute(&self.pool)
-        .await
-        .map_err(|e| unavailable("complete", e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn get(&self, id: &str) -> Result<Option<Operation>, JournalError> {
-        let row = sqlx::query(sql(&self.sql.get))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| unavailable("get", e))?;
-        row.as_ref().map(decode_operation).transpose()
-    }
-
-    async fn pending(&self, limit: usize) -> Result<Vec<Operation>, JournalError> {
-        let rows = sqlx::query(sql(&self.sql.pending))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| unavailable("pending", e))?;
-        rows.iter().map(decode_operation).collect()
-    }
+    async fn close(self) {}
 }
+
+/// Runs the rounds of `batch` on `conn` (inside the batch's transaction), each round one
+/// statement per kind of write (PostgreSQL takes one statement per request): the answer
+/// to each write, in order.
+async fn run_rounds(
+    conn: &mut PgConnection,
+    statements: &Statements,
+    batch: &[Write],
+) -> Result<Vec<Reply>, sqlx::Error> {
+    let mut answers: Vec<Option<Reply>> = batch.iter().map(|_| None).collect();
+    for round in rounds(batch) {
+        let mut existing = Vec::new();
+        if !round.enqueues.is_empty() {
+            let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
+                statements.insert_many(Some(1), round.enqueues.len(), ""),
+            ));
+            for (_, op) in &round.enqueues {
+                q = bind_operation!(q, OperationRow::new(op));
+            }
+            let inserted: HashSet<String> = q.fetch_all(&mut *conn).await?.into_iter().collect();
+            for (i, op) in &round.enqueues {
+                if inserted.contains(&op.id) {
+                    answers[*i] = Some(Reply::Enqueued(Enqueued::Inserted));
+                } else {
+                    existing.push((*i, op.id.as_str()));
+                }
+            }
+        }
+        if !round.attempts.is_empty() {
+            let mut q = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(
+                statements.begin_attempt_many(Some(1), round.attempts.len(), ""),
+            ));
+            for (_, id) in &round.attempts {
+                q = q.bind(*id);
+            }
+            let counts: HashMap<String, i64> = q.fetch_all(&mut *conn).await?.into_iter().collect();
+            for (i, id) in &round.attempts {
+                answers[*i] = Some(Reply::Attempts(
+                    counts
+                        .get(*id)
+                        .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
+                ));
+            }
+        }
+        if !round.completes.is_empty() {
+            let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
+                statements.complete_many(Some(1), round.completes.len(), ""),
+            ));
+            for (_, id, outcome) in &round.completes {
+                q = bind_outcome!(q, *id, OutcomeRow::new(outcome));
+            }
+            let done: HashSet<String> = q.fetch_all(&mut *conn).await?.into_iter().collect();
+            for (i, id, _) in &round.completes {
+                answers[*i] = Some(Reply::Completed(done.contains(*id)));
+            }
+        }
+        if !existing.is_empty() {
+            // Read within the round: what a write alone in queue order would see.
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(statements.get_many(
+                Some(1),
+                existing.len(),
+                "",
+            )));
+            for (_, id) in &existing {
+                q = q.bind(*id);
+            }
+            let mut found = HashMap::new();
+            for row in q.fetch_all(&mut *conn).await? {
+                let op = decode_operation(&row);
+                let id: String = sqlx::Row::try_get(&row, "id")?;
+                found.insert(id, op);
+            }
+            for (i, id) in existing {
+                answers[i] = Some(match found.remove(id) {
+                    Some(Ok(op)) => Reply::Enqueued(Enqueued::Existing(Box::new(op))),
+                    Some(Err(e)) => Reply::Failed(e),
+                    None => Reply::Failed(JournalError::corrupt(format!(
+                        "outbox journal: operation {id:?} exists and cannot be read"
+                    ))),
+                });
+            }
+        }
+    }
+    Ok(answered(answers))
+}
+
+journal_over_writer!(PostgresJournal);

@@ -17,13 +17,14 @@ pub(crate) const DEFAULT_TABLE: &str = "idemkey_outbox";
 const COLUMNS: &str = "id, key, method, url, headers, body, created, attempts, status, replayed,
   final_attempts, response_headers, response_body, truncated, completed";
 
-/// The statements of a journal over one table.
+/// The statements of a journal over one table. The writer's are multi-row, made for
+/// each batch by [`Statements::insert_many`] and its siblings: one statement per kind of
+/// write per batch, so a batch costs a few round trips to the database whatever its size.
 pub(crate) struct Statements {
+    table: String,
     pub(crate) schema: String,
     pub(crate) insert: Arc<str>,
     pub(crate) get: Arc<str>,
-    pub(crate) begin_attempt: Arc<str>,
-    pub(crate) complete: Arc<str>,
     pub(crate) pending: Arc<str>,
 }
 
@@ -34,6 +35,7 @@ impl Statements {
         let t = table.quoted();
         let pending_index = table.index_name("pending");
         Self {
+            table: t.to_owned(),
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
     id               TEXT    PRIMARY KEY,
@@ -61,23 +63,87 @@ ON CONFLICT (id) DO NOTHING"
             )
             .into(),
             get: format!("SELECT {COLUMNS} FROM {t} WHERE id = $1").into(),
-            begin_attempt: format!(
-                "UPDATE {t} SET attempts = attempts + 1 WHERE id = $1 AND status IS NULL
-RETURNING attempts"
-            )
-            .into(),
-            complete: format!(
-                "UPDATE {t} SET status = $2, replayed = $3, final_attempts = $4,
-  response_headers = $5, response_body = $6, truncated = $7, completed = $8
-WHERE id = $1 AND status IS NULL"
-            )
-            .into(),
             pending: format!(
                 "SELECT {COLUMNS} FROM {t} WHERE status IS NULL ORDER BY created, id LIMIT $1"
             )
             .into(),
         }
     }
+
+    /// Inserts `n` operations (each bound as `bind_operation!` binds one), skipping the
+    /// ids that exist; returns `{tag}id` for each inserted (`tag`: leading columns that
+    /// tell this statement's rows apart). Parameters as [`params`] writes them.
+    pub(crate) fn insert_many(&self, first: Option<usize>, n: usize, tag: &str) -> String {
+        format!(
+            "INSERT INTO {} ({COLUMNS})\nVALUES {}\nON CONFLICT (id) DO NOTHING RETURNING {tag}id",
+            self.table,
+            params(first, n, 15)
+        )
+    }
+
+    /// Adds one to the attempts of `n` pending operations (their ids bound); returns
+    /// `{tag}id, attempts` of each one changed.
+    pub(crate) fn begin_attempt_many(&self, first: Option<usize>, n: usize, tag: &str) -> String {
+        format!(
+            "UPDATE {} SET attempts = attempts + 1 WHERE status IS NULL AND id IN {}\n\
+             RETURNING {tag}id, attempts",
+            self.table,
+            params(first, 1, n)
+        )
+    }
+
+    /// Records the outcomes of `n` pending operations (each bound as `bind_outcome!`
+    /// binds one); returns `{tag}id` of each recorded. `VALUES` names its columns
+    /// `column1`.. in SQLite and PostgreSQL alike.
+    pub(crate) fn complete_many(&self, first: Option<usize>, n: usize, tag: &str) -> String {
+        format!(
+            "UPDATE {} SET status = v.column2, replayed = v.column3, final_attempts = v.column4,
+  response_headers = v.column5, response_body = v.column6, truncated = v.column7,
+  completed = v.column8
+FROM (VALUES {}) AS v
+WHERE id = v.column1 AND status IS NULL RETURNING {tag}id",
+            self.table,
+            params(first, n, 8)
+        )
+    }
+
+    /// Reads `n` operations (their ids bound), as [`Statements::get`] reads one, each
+    /// row led by `tag`.
+    pub(crate) fn get_many(&self, first: Option<usize>, n: usize, tag: &str) -> String {
+        format!(
+            "SELECT {tag}{COLUMNS} FROM {} WHERE id IN {}",
+            self.table,
+            params(first, 1, n)
+        )
+    }
+}
+
+/// `n` rows of `width` parameters: numbered from `$first` on (`($1, $2), ($3, $4)` for
+/// 1, 2 and 2), or anonymous (`?`) without `first`. SQLite looks each numbered parameter
+/// up in a list as it parses and binds (quadratic in a statement's parameters), so its
+/// multi-row statements take anonymous ones.
+fn params(first: Option<usize>, n: usize, width: usize) -> String {
+    let mut out = String::with_capacity(n * width * 6);
+    for row in 0..n {
+        if row > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for col in 0..width {
+            if col > 0 {
+                out.push_str(", ");
+            }
+            match first {
+                Some(first) => {
+                    out.push('$');
+                    out.push_str(&(first + row * width + col).to_string());
+                }
+                None => out.push('?'),
+            }
+        }
+        out.push(')');
+    }
+    out
 }
 
 /// An operation's columns as owned values, in the order of the insert's parameters.
@@ -175,6 +241,41 @@ macro_rules! bind_outcome {
 }
 
 pub(crate) use {bind_operation, bind_outcome};
+
+/// Records `$op` on the connection `$conn` unless its id exists (then reads the stored
+/// one): what a journal's `enqueue_in` runs inside the application's transaction
+/// (`Result<Enqueued, JournalError>`). A macro so that each journal runs it on its own
+/// concrete connection type.
+macro_rules! enqueue_on {
+    ($conn:expr, $statements:expr, $op:expr) => {
+        async {
+            use $crate::client::outbox::Enqueued;
+            use $crate::client::outbox::sql::{
+                OperationRow, bind_operation, decode_operation, unavailable,
+            };
+            use $crate::store::sql::sql;
+            let (conn, statements, op) = ($conn, $statements, $op);
+            let inserted =
+                bind_operation!(sqlx::query(sql(&statements.insert)), OperationRow::new(op))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| unavailable("enqueue", e))?
+                    .rows_affected();
+            if inserted == 1 {
+                Ok::<Enqueued, $crate::client::outbox::JournalError>(Enqueued::Inserted)
+            } else {
+                let row = sqlx::query(sql(&statements.get))
+                    .bind(op.id.as_str())
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| unavailable("enqueue (reading the existing operation)", e))?;
+                Ok(Enqueued::Existing(Box::new(decode_operation(&row)?)))
+            }
+        }
+    };
+}
+
+pub(crate) use enqueue_on;
 
 /// Reads an operation back from a row of [`Statements::get`] or
 /// [`Statements::pending`].

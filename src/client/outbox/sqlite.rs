@@ -2,52 +2,51 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
+    SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Sqlite, Transaction};
-use tokio::sync::{mpsc, oneshot};
+use sqlx::{AssertSqlSafe, Connection, Row, Sqlite, Transaction};
 
-use super::journal::{Enqueued, Journal, JournalError, Operation, Outcome};
+use super::journal::{Enqueued, JournalError, Operation};
 use super::sql::{
     DEFAULT_TABLE, OperationRow, OutcomeRow, Statements, bind_operation, bind_outcome,
-    decode_operation, table_name, unavailable,
+    decode_operation, enqueue_on, table_name, unavailable,
 };
-use crate::store::sql::sql;
-
-/// The most writes committed together in one transaction.
-const MAX_BATCH: usize = 256;
+use super::writer::{
+    Backend, MAX_BATCH, Reply, Round, Write, Writer, answered, journal_over_writer, rounds,
+};
 
 /// A durable journal in one SQLite file (feature `outbox-sqlite`): the embedded
 /// default.
 ///
 /// The file is opened in WAL mode with `synchronous = FULL`: an operation is on disk
-/// before [`Journal::enqueue`] returns, so before the first byte of its request goes out,
+/// before [`Journal::enqueue`](super::Journal::enqueue) returns, so before the first byte of its request goes out,
 /// and it survives a crash of the process or of the machine.
 ///
 /// **Group commit.** All writes go to one writer task on one connection. It takes every
-/// write that is waiting (up to 256), runs them in one transaction, commits once (one
-/// WAL sync), and only then answers each caller. One caller alone pays one commit per
-/// write; many concurrent callers share commits, so that the cost per call falls well
-/// under one synced commit. [`SqliteJournal::commits`] counts the commits.
+/// write that is waiting (up to 256), runs them in one transaction with one multi-row
+/// statement per kind of write (all the enqueues in one `INSERT`, all the outcomes in
+/// one `UPDATE .. FROM (VALUES ..)`), commits once (one WAL sync), and only then answers
+/// each caller. One caller alone pays one commit per write; many concurrent callers
+/// share commits and statements, so that the cost per call falls well under one synced
+/// commit. [`SqliteJournal::commits`] counts the commits.
 ///
-/// **Deferred outcomes.** [`Journal::complete_deferred`] (what the outbox records an
+/// **Deferred outcomes.** [`Journal::complete_deferred`](super::Journal::complete_deferred) (what the outbox records an
 /// answer with) queues the outcome to the writer and returns without waiting for its
 /// commit: the caller gets its answer one synced commit sooner. Reads of this journal see
 /// the queued outcome at once (read-your-writes); it is on disk after the next group
-/// commit, and [`Journal::flush`] waits for it. A crash before then leaves the operation
+/// commit, and [`Journal::flush`](super::Journal::flush) waits for it. A crash before then leaves the operation
 /// pending, and a resume gets the server's replay with the same key (see the
-/// [journal contract](Journal), point 6). Because every write goes through the one
+/// [journal contract](super::Journal), point 6). Because every write goes through the one
 /// writer in order, an enqueue or attempt that returned was committed after every
 /// outcome queued before it.
 ///
-/// Reads ([`Journal::get`], [`Journal::pending`]) use a pool of their own. With
+/// Reads ([`Journal::get`](super::Journal::get), [`Journal::pending`](super::Journal::pending)) use a pool of their own. With
 /// [`SqliteJournal::enqueue_in`] an operation is written inside the application's own
 /// transaction on the same file (the transactional outbox).
 ///
@@ -63,95 +62,10 @@ const MAX_BATCH: usize = 256;
 /// ```
 #[derive(Clone)]
 pub struct SqliteJournal {
-    writes: mpsc::UnboundedSender<Write>,
+    writer: Writer,
     readers: SqlitePool,
     sql: Arc<Statements>,
-    commits: Arc<AtomicU64>,
-    queued: Arc<Queued>,
     path: PathBuf,
-}
-
-/// The outcomes queued by [`Journal::complete_deferred`] and not committed yet (what
-/// this process reads meanwhile), and what went wrong with those that could not be.
-#[derive(Default)]
-struct Queued {
-    outcomes: Mutex<HashMap<String, Outcome>>,
-    failures: Mutex<Vec<String>>,
-}
-
-impl Queued {
-    fn outcomes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Outcome>> {
-        // Every change is one insert or remove: a poisoned lock is still consistent.
-        self.outcomes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Queues `outcome` for `id`: `false` when one is queued already (the first stays).
-    fn insert(&self, id: &str, outcome: &Outcome) -> bool {
-        let mut outcomes = self.outcomes();
-        if outcomes.contains_key(id) {
-            return false;
-        }
-        outcomes.insert(id.to_owned(), outcome.clone());
-        true
-    }
-
-    fn get(&self, id: &str) -> Option<Outcome> {
-        self.outcomes().get(id).cloned()
-    }
-
-    fn ids(&self) -> HashSet<String> {
-        self.outcomes().keys().cloned().collect()
-    }
-
-    /// The writer is done with `ids`: committed, or failed with `failure`.
-    fn settled(&self, ids: &[String], failure: Option<&str>) {
-        if ids.is_empty() {
-            return;
-        }
-        let mut outcomes = self.outcomes();
-        for id in ids {
-            outcomes.remove(id);
-        }
-        drop(outcomes);
-        if let Some(message) = failure {
-            tracing::warn!(
-                operations = ids.len(),
-                error = message,
-                "outbox journal: queued outcomes could not be committed; their operations \
-                 stay pending and a resume finishes them"
-            );
-            self.failures
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(format!("{} outcome(s): {message}", ids.len()));
-        }
-    }
-
-    /// The failures since the last call, as one error.
-    fn take_failures(&self) -> Result<(), JournalError> {
-        let failures =
-            std::mem::take(&mut *self.failures.lock().unwrap_or_else(PoisonError::into_inner));
-        if failures.is_empty() {
-            return Ok(());
-        }
-        Err(JournalError::unavailable(
-            format!(
-                "outbox journal: queued outcomes could not be committed ({}); their \
-                 operations stay pending: run Outbox::resume to finish them (the server \
-                 replays what it executed)",
-                failures.join("; ")
-            ),
-            "deferred outcome not committed",
-        ))
-    }
-
-    /// `op` as this process sees it: with its queued outcome while the row is pending.
-    fn overlay(queued: Option<Outcome>, mut op: Operation) -> Operation {
-        if op.outcome.is_none() {
-            op.outcome = queued;
-        }
-        op
-    }
 }
 
 impl std::fmt::Debug for SqliteJournal {
@@ -201,9 +115,12 @@ impl SqliteJournalBuilder {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(self.busy_timeout);
         let opening = |e| unavailable(&format!("opening {}", self.path.display()), e);
-        let mut writer = SqliteConnection::connect_with(&options)
-            .await
-            .map_err(opening)?;
+        // Room for everything a batch script sends back (a row per write, a result per
+        // statement), so that the worker thread never waits for the writer to read.
+        let mut writer =
+            SqliteConnection::connect_with(&options.clone().row_buffer_size(6 * MAX_BATCH))
+                .await
+                .map_err(opening)?;
         let sql = Arc::new(Statements::new(&table, "BLOB"));
         let mut tx = writer
             .begin_with("BEGIN IMMEDIATE")
@@ -222,22 +139,10 @@ impl SqliteJournalBuilder {
             .connect_with(options)
             .await
             .map_err(opening)?;
-        let (writes, queue) = mpsc::unbounded_channel();
-        let commits = Arc::new(AtomicU64::new(0));
-        let queued = Arc::new(Queued::default());
-        tokio::spawn(write_loop(
-            writer,
-            queue,
-            sql.clone(),
-            commits.clone(),
-            queued.clone(),
-        ));
         Ok(SqliteJournal {
-            writes,
+            writer: Writer::spawn(SqliteWriter(writer), sql.clone()),
             readers,
             sql,
-            commits,
-            queued,
             path: self.path,
         })
     }
@@ -269,11 +174,11 @@ impl SqliteJournal {
     }
 
     /// Transactions the writer committed so far (each one WAL sync under
-    /// `synchronous = FULL`); with [`Journal::enqueue`] and [`Journal::complete`]
+    /// `synchronous = FULL`); with [`Journal::enqueue`](super::Journal::enqueue) and [`Journal::complete`](super::Journal::complete)
     /// calls counted by the caller, the commits per call.
     #[must_use]
     pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.writer.commits()
     }
 
     /// Records `op` inside the application's transaction `tx` on the same file, so that
@@ -312,279 +217,167 @@ impl SqliteJournal {
         tx: &mut Transaction<'_, Sqlite>,
         op: &Operation,
     ) -> Result<Enqueued, JournalError> {
-        enqueue_on(tx, &self.sql, op).await
+        enqueue_on!(&mut **tx, &self.sql, op).await
     }
+}
 
-    async fn write(&self, write: impl FnOnce(oneshot::Sender<Reply>) -> Write) -> Reply {
-        let (tx, rx) = oneshot::channel();
-        let gone = || {
-            Reply::Failed(JournalError::unavailable(
-                "outbox journal: the SQLite writer task has stopped (its runtime shut down)",
-                "writer stopped",
-            ))
+/// The writer's connection. A batch is one script, `BEGIN IMMEDIATE; ..; COMMIT`, sent
+/// to sqlx's SQLite worker thread in one request: each request is a hop to that thread,
+/// and on a busy machine each hop waits for the thread to be scheduled, so one per batch
+/// instead of one per statement. `BEGIN IMMEDIATE` takes the file's write lock at once
+/// (waiting up to the busy timeout for the application's transactions).
+struct SqliteWriter(SqliteConnection);
+
+/// Batches of at most this many writes keep their script prepared.
+const KEPT_PREPARED: usize = 4;
+
+/// What leads each row of a batch script: which statement returned it, and its round.
+const EXISTING: i64 = 0;
+const INSERTED: i64 = 1;
+const ATTEMPTED: i64 = 2;
+const COMPLETED: i64 = 3;
+
+/// The script of a batch over `rounds`, its parameters anonymous (`?`) and bound in
+/// script order by [`SqliteWriter::run`]: per round, the enqueued ids, the enqueues'
+/// rows, the attempts' ids, the outcomes' rows. Each round reads the enqueued ids that
+/// exist before inserting, so an enqueue that finds its id gets the operation as it was
+/// before the round.
+fn script(sql: &Statements, rounds: &[Round<'_>]) -> String {
+    let mut script = String::from("BEGIN IMMEDIATE;\n");
+    for (r, round) in rounds.iter().enumerate() {
+        let mut push = |statement: String| {
+            script.push_str(&statement);
+            script.push_str(";\n");
         };
-        if self.writes.send(write(tx)).is_err() {
-            return gone();
+        let n = round.enqueues.len();
+        if n > 0 {
+            push(sql.get_many(None, n, &format!("{EXISTING} AS k, {r} AS r, ")));
+            push(sql.insert_many(None, n, &format!("{INSERTED}, {r}, ")));
         }
-        rx.await.unwrap_or_else(|_| gone())
-    }
-}
-
-async fn enqueue_on(
-    conn: &mut SqliteConnection,
-    statements: &Statements,
-    op: &Operation,
-) -> Result<Enqueued, JournalError> {
-    let inserted = bind_operation!(sqlx::query(sql(&statements.insert)), OperationRow::new(op))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| unavailable("enqueue", e))?
-        .rows_affected();
-    if inserted == 1 {
-        return Ok(Enqueued::Inserted);
-    }
-    let row = sqlx::query(sql(&statements.get))
-        .bind(op.id.as_str())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| unavailable("enqueue (reading the existing operation)", e))?;
-    Ok(Enqueued::Existing(Box::new(decode_operation(&row)?)))
-}
-
-enum Write {
-    Enqueue(Box<Operation>, oneshot::Sender<Reply>),
-    BeginAttempt(String, oneshot::Sender<Reply>),
-    /// Without a reply: a deferred outcome, nobody waits for it.
-    Complete(String, Box<Outcome>, Option<oneshot::Sender<Reply>>),
-    /// Answered once every write queued before it is committed (or failed).
-    Flush(oneshot::Sender<Reply>),
-}
-
-impl Write {
-    fn reply(self) -> Option<oneshot::Sender<Reply>> {
-        match self {
-            Write::Enqueue(_, r) | Write::BeginAttempt(_, r) | Write::Flush(r) => Some(r),
-            Write::Complete(_, _, r) => r,
+        if !round.attempts.is_empty() {
+            push(sql.begin_attempt_many(
+                None,
+                round.attempts.len(),
+                &format!("{ATTEMPTED}, {r}, "),
+            ));
+        }
+        if !round.completes.is_empty() {
+            push(sql.complete_many(None, round.completes.len(), &format!("{COMPLETED}, {r}, ")));
         }
     }
+    script.push_str("COMMIT;");
+    script
 }
 
-enum Reply {
-    Flushed,
-    Enqueued(Enqueued),
-    Attempts(Option<u32>),
-    Completed(bool),
-    Failed(JournalError),
+/// What the rows of one round said.
+#[derive(Default)]
+struct RoundRows {
+    existing: HashMap<String, Result<Operation, JournalError>>,
+    inserted: HashSet<String>,
+    attempts: HashMap<String, i64>,
+    completed: HashSet<String>,
 }
 
-/// The writer: takes every waiting write, runs them in one transaction, commits once,
-/// answers each, then the flushes. Ends when every journal handle is gone and the queue
-/// is drained (so dropping the journal loses no queued outcome; a runtime shutdown or a
-/// crash does).
-async fn write_loop(
-    mut conn: SqliteConnection,
-    mut queue: mpsc::UnboundedReceiver<Write>,
-    sql: Arc<Statements>,
-    commits: Arc<AtomicU64>,
-    queued: Arc<Queued>,
-) {
-    let mut received = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut received, MAX_BATCH).await > 0 {
-        let (flushes, mut batch): (Vec<Write>, Vec<Write>) = received
-            .drain(..)
-            .partition(|w| matches!(w, Write::Flush(_)));
-        if !batch.is_empty() {
-            let deferred: Vec<String> = batch
-                .iter()
-                .filter_map(|w| match w {
-                    Write::Complete(id, _, None) => Some(id.clone()),
-                    _ => None,
-                })
-                .collect();
-            let mut replies = Vec::with_capacity(batch.len());
-            let result = run_batch(&mut conn, &sql, &mut batch, &mut replies).await;
-            match result {
-                Ok(()) => {
-                    commits.fetch_add(1, Ordering::Relaxed);
-                    queued.settled(&deferred, None);
-                    for (reply, answer) in replies {
-                        if let Some(reply) = reply {
-                            let _ = reply.send(answer);
-                        }
-                    }
-                }
-                Err(e) => {
-                    let message = e.to_string();
-                    queued.settled(&deferred, Some(&message));
-                    for (reply, _) in replies {
-                        if let Some(reply) = reply {
-                            let _ = reply.send(Reply::Failed(JournalError::unavailable(
-                                format!("outbox journal: the commit failed ({message}); nothing of this write was kept"),
-                                message.clone(),
-                            )));
-                        }
-                    }
+/// The answer to each write of the batch whose script returned `rows` (committed).
+fn answers(rounds: &[Round<'_>], len: usize, rows: &[SqliteRow]) -> Vec<Reply> {
+    let mut seen: Vec<RoundRows> = rounds.iter().map(|_| RoundRows::default()).collect();
+    for row in rows {
+        let (Ok(k), Ok(r), Ok(id)) = (
+            row.try_get::<i64, _>(0),
+            row.try_get::<i64, _>(1),
+            row.try_get::<String, _>(2),
+        ) else {
+            continue;
+        };
+        let Some(round) = usize::try_from(r).ok().and_then(|r| seen.get_mut(r)) else {
+            continue;
+        };
+        match k {
+            EXISTING => {
+                round.existing.insert(id, decode_operation(row));
+            }
+            INSERTED => {
+                round.inserted.insert(id);
+            }
+            ATTEMPTED => {
+                if let Ok(n) = row.try_get::<i64, _>(3) {
+                    round.attempts.insert(id, n);
                 }
             }
-        }
-        for flush in flushes {
-            if let Some(reply) = flush.reply() {
-                let _ = reply.send(Reply::Flushed);
+            COMPLETED => {
+                round.completed.insert(id);
             }
+            _ => {}
         }
     }
-    let _ = conn.close().await;
-}
-
-async fn run_batch(
-    conn: &mut SqliteConnection,
-    statements: &Statements,
-    batch: &mut Vec<Write>,
-    replies: &mut Vec<(Option<oneshot::Sender<Reply>>, Reply)>,
-) -> Result<(), sqlx::Error> {
-    let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
-        Ok(tx) => tx,
-        Err(e) => {
-            // The caller answers every write with the error.
-            replies.extend(
-                batch
-                    .drain(..)
-                    .map(|w| (w.reply(), Reply::Completed(false))),
-            );
-            return Err(e);
+    let mut answers: Vec<Option<Reply>> = (0..len).map(|_| None).collect();
+    for (round, seen) in rounds.iter().zip(&mut seen) {
+        for (i, op) in &round.enqueues {
+            answers[*i] = Some(if seen.inserted.contains(&op.id) {
+                Reply::Enqueued(Enqueued::Inserted)
+            } else {
+                match seen.existing.remove(&op.id) {
+                    Some(Ok(found)) => Reply::Enqueued(Enqueued::Existing(Box::new(found))),
+                    Some(Err(e)) => Reply::Failed(e),
+                    None => Reply::Failed(JournalError::corrupt(format!(
+                        "outbox journal: operation {:?} was neither inserted nor found",
+                        op.id
+                    ))),
+                }
+            });
         }
-    };
-    for write in batch.drain(..) {
-        let (reply, answer) = match write {
-            Write::Enqueue(op, r) => (
-                Some(r),
-                match enqueue_on(&mut tx, statements, &op).await {
-                    Ok(e) => Reply::Enqueued(e),
-                    Err(e) => Reply::Failed(e),
-                },
-            ),
-            Write::BeginAttempt(id, r) => (
-                Some(r),
-                match sqlx::query_scalar::<_, i64>(sql(&statements.begin_attempt))
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                {
-                    Ok(n) => Reply::Attempts(n.map(|n| u32::try_from(n).unwrap_or(u32::MAX))),
-                    Err(e) => Reply::Failed(unavailable("begin_attempt", e)),
-                },
-            ),
-            Write::Complete(id, outcome, r) => (
-                r,
-                match bind_outcome!(
-                    sqlx::query(sql(&statements.complete)),
-                    id,
-                    OutcomeRow::new(&outcome)
-                )
-                .execute(&mut *tx)
-                .await
-                {
-                    Ok(done) => Reply::Completed(done.rows_affected() == 1),
-                    Err(e) => Reply::Failed(unavailable("complete", e)),
-                },
-            ),
-            // Taken out of the batch by the writer.
-            Write::Flush(r) => (Some(r), Reply::Flushed),
-        };
-        replies.push((reply, answer));
+        for (i, id) in &round.attempts {
+            answers[*i] = Some(Reply::Attempts(
+                seen.attempts
+                    .get(*id)
+                    .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
+            ));
+        }
+        for (i, id, _) in &round.completes {
+            answers[*i] = Some(Reply::Completed(seen.completed.contains(*id)));
+        }
     }
-    tx.commit().await
-}
-
-fn unexpected(reply: Reply) -> JournalError {
-    match reply {
-        Reply::Failed(e) => e,
-        _ => JournalError::corrupt("outbox journal: the writer answered a different request"),
-    }
+    answered(answers)
 }
 
 #[async_trait]
-impl Journal for SqliteJournal {
-    async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError> {
-        match self
-            .write(|r| Write::Enqueue(Box::new(op.clone()), r))
-            .await
-        {
-            Reply::Enqueued(e) => Ok(e),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn begin_attempt(&self, id: &str) -> Result<Option<u32>, JournalError> {
-        match self.write(|r| Write::BeginAttempt(id.to_owned(), r)).await {
-            Reply::Attempts(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn complete(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
-        match self
-            .write(|r| Write::Complete(id.to_owned(), Box::new(outcome.clone()), Some(r)))
-            .await
-        {
-            Reply::Completed(done) => Ok(done),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn complete_deferred(&self, id: &str, outcome: &Outcome) -> Result<bool, JournalError> {
-        if !self.queued.insert(id, outcome) {
-            return Ok(false);
-        }
-        let write = Write::Complete(id.to_owned(), Box::new(outcome.clone()), None);
-        if self.writes.send(write).is_err() {
-            self.queued.settled(&[id.to_owned()], None);
-            return Err(JournalError::unavailable(
-                "outbox journal: the SQLite writer task has stopped (its runtime shut down); \
-                 the outcome was not recorded and the operation stays pending",
-                "writer stopped",
-            ));
-        }
-        Ok(true)
-    }
-
-    async fn flush(&self) -> Result<(), JournalError> {
-        match self.write(Write::Flush).await {
-            Reply::Flushed => self.queued.take_failures(),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn get(&self, id: &str) -> Result<Option<Operation>, JournalError> {
-        // The queue is read before the file: an outcome committed in between is then in
-        // the file, so none is missed.
-        let queued = self.queued.get(id);
-        let row = sqlx::query(sql(&self.sql.get))
-            .bind(id)
-            .fetch_optional(&self.readers)
-            .await
-            .map_err(|e| unavailable("get", e))?;
-        let op = row.as_ref().map(decode_operation).transpose()?;
-        Ok(op.map(|op| Queued::overlay(queued, op)))
-    }
-
-    async fn pending(&self, limit: usize) -> Result<Vec<Operation>, JournalError> {
-        // As in `get`: the queue first. Rows whose outcome is queued are left out, so
-        // read that many more.
-        let queued = self.queued.ids();
-        let rows = sqlx::query(sql(&self.sql.pending))
-            .bind(i64::try_from(limit.saturating_add(queued.len())).unwrap_or(i64::MAX))
-            .fetch_all(&self.readers)
-            .await
-            .map_err(|e| unavailable("pending", e))?;
-        let mut pending = Vec::with_capacity(rows.len().min(limit));
-        for row in &rows {
-            let op = decode_operation(row)?;
-            if !queued.contains(&op.id) {
-                pending.push(op);
+impl Backend for SqliteWriter {
+    async fn run(&mut self, sql: &Statements, batch: &[Write]) -> Result<Vec<Reply>, sqlx::Error> {
+        let rounds = rounds(batch);
+        // The scripts of small batches recur (a lone caller's enqueue, its outcome, the
+        // two together) and are kept prepared; a large batch's script rarely recurs, so
+        // it is prepared for the one use and takes no slot in the statement cache.
+        let mut q = sqlx::query(AssertSqlSafe(script(sql, &rounds)))
+            .persistent(batch.len() <= KEPT_PREPARED);
+        for round in &rounds {
+            for (_, op) in &round.enqueues {
+                q = q.bind(op.id.as_str());
+            }
+            for (_, op) in &round.enqueues {
+                q = bind_operation!(q, OperationRow::new(op));
+            }
+            for (_, id) in &round.attempts {
+                q = q.bind(*id);
+            }
+            for (_, id, outcome) in &round.completes {
+                q = bind_outcome!(q, *id, OutcomeRow::new(outcome));
             }
         }
-        pending.truncate(limit);
-        Ok(pending)
+        match q.fetch_all(&mut self.0).await {
+            Ok(rows) => Ok(answers(&rounds, batch.len(), &rows)),
+            Err(e) => {
+                // The script stopped inside its transaction (or before it began).
+                let _ = sqlx::raw_sql(AssertSqlSafe("ROLLBACK"))
+                    .execute(&mut self.0)
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn close(self) {
+        let _ = self.0.close().await;
     }
 }
+
+journal_over_writer!(SqliteJournal);
