@@ -315,12 +315,21 @@ impl SqliteStore {
     /// `f`'s writes and the result commit together or not at all. Later calls with the
     /// same three get the recorded value back ([`Settled::is_replayed`]).
     ///
-    /// The semantics are those of
-    /// [`PostgresStore::once_in`](crate::store::PostgresStore::once_in) (savepoint,
-    /// replay, errors), with SQLite's locking: the claim is the transaction's first
-    /// write and takes the database's write lock, so a concurrent duplicate on another
-    /// connection **waits** (up to its connection's busy timeout) until the first
-    /// transaction ends, then replays its result or, after a rollback, runs `f` itself.
+    /// Pass the transaction as `&mut *tx` and run every write of the effect on the
+    /// connection `f` is given; commit after `once_in` returns (then acknowledge the
+    /// message). If the process dies before the commit, or the transaction is rolled
+    /// back, nothing of it stays and the redelivery runs `f` again, once. `f` and the
+    /// claim run in a savepoint: when `f` fails (or its value cannot be serialised, or a
+    /// statement fails) the savepoint is rolled back and the transaction stays usable.
+    /// When `conn` is not in a transaction, `once_in` opens one and commits it. Exactly
+    /// once holds for the writes `f` makes through the connection; anything else it does
+    /// (an email, an HTTP call) is at least once. The PostgreSQL store's `once_in` works
+    /// the same way.
+    ///
+    /// Locking is SQLite's: the claim is the transaction's first write and takes the
+    /// database's write lock, so a concurrent duplicate on another connection **waits**
+    /// (up to its connection's busy timeout) until the first transaction ends, then
+    /// replays its result or, after a rollback, runs `f` itself.
     /// Begin the transaction with `BEGIN IMMEDIATE` (`conn.begin_with("BEGIN
     /// IMMEDIATE")`) when it reads before `once_in`: a deferred transaction whose read
     /// snapshot is older than a concurrent commit cannot upgrade to a write and fails
@@ -356,7 +365,11 @@ impl SqliteStore {
     /// ```
     ///
     /// # Errors
-    /// As [`PostgresStore::once_in`](crate::store::PostgresStore::once_in).
+    /// [`OnceError`]: key reused with another fingerprint; in progress when a running
+    /// [`Engine::once`](crate::server::Engine::once) or layer request holds the key
+    /// (inbox claims are never visible in progress); store unavailable when a
+    /// statement fails (roll the transaction back); `f` failed; the value could not be
+    /// recorded or read back.
     pub async fn once_in<T, E, F>(
         &self,
         conn: &mut SqliteConnection,
