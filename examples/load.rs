@@ -36,10 +36,13 @@
 //! with `--features metrics` measures idemkey's metrics with a real recorder against
 //! the same program without them (BENCHMARKS.md, "Cost of the metrics").
 //!
-//! With `--drive ADDR --requests N --workload fresh|replay`, it sends N requests one
-//! after another over one keep-alive connection to a verifier already serving at ADDR
-//! (`load --serve`, which prints `VERIFIED ADDR`, for example under
-//! `valgrind --tool=callgrind`): instructions per request without a timed window.
+//! With `--drive ADDR --requests N --workload bare|fresh|replay`, it sends N requests one
+//! after another over one keep-alive connection to a server already serving at ADDR
+//! (`load --serve`, which prints `BARE ADDR` and `VERIFIED ADDR`, for example under
+//! `valgrind --tool=callgrind`; `bare` goes to the first, `fresh` and `replay` to the
+//! second): instructions per request without a timed window. Each driver process sends
+//! keys of its own, so a first drive can warm the server up (then
+//! `callgrind_control --zero`) and a second one be measured alone.
 #![allow(
     clippy::print_stdout,
     reason = "a command-line program prints its results"
@@ -68,11 +71,11 @@ use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
             [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load]
-       load --drive ADDR --requests N --workload fresh|replay
+       load --drive ADDR --requests N --workload bare|fresh|replay
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
   (and behind `idemkey proxy` with --proxy); with --against, this build's verifier
   against PATH's (this program built another way); with --drive, N sequential requests
-  to a verifier at ADDR (`load --serve`)";
+  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED otherwise)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -163,11 +166,12 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--requests" => args.requests = number("--requests")?,
             "--workload" => {
                 args.workload = match it.next().as_deref() {
+                    Some("bare") => Workload::Bare,
                     Some("fresh") => Workload::Fresh,
                     Some("replay") => Workload::Replay,
                     other => {
                         return Err(format!(
-                            "--workload {}: use fresh or replay",
+                            "--workload {}: use bare, fresh or replay",
                             other.unwrap_or("(missing)")
                         ));
                     }
@@ -290,7 +294,20 @@ async fn drive(args: Args) -> Result<(), String> {
     if let Some(addr) = args.drive {
         let (stop, done) = (AtomicBool::new(false), AtomicU64::new(0));
         let started = Instant::now();
-        connection(args.workload, addr, 0, 0, &stop, &done, body, args.requests).await?;
+        // Keys of their own for each driver process (the process id as the round), so
+        // that a second drive against the same server sends fresh keys again.
+        let round = std::process::id();
+        connection(
+            args.workload,
+            addr,
+            0,
+            round,
+            &stop,
+            &done,
+            body,
+            args.requests,
+        )
+        .await?;
         println!(
             "{} {} request(s) in {:.2} s",
             done.load(Ordering::Relaxed),

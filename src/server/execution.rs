@@ -164,7 +164,7 @@ impl Execution {
         async move {
             loop {
                 tokio::time::sleep(every).await;
-                match store.renew(&id, token, lease).await {
+                match (*store).renew(&id, token, lease).await {
                     Ok(()) => {}
                     Err(e) if e.is_fenced() => {
                         tracing::warn!(record = %id, "lease lost while running: another request took the key over");
@@ -279,7 +279,7 @@ impl Execution {
     /// leave the key to its lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.done = true;
-        let result = self.store.release(&self.id, self.token).await;
+        let result = (*self.store).release(&self.id, self.token).await;
         ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
         result
     }
@@ -294,7 +294,7 @@ impl Drop for Execution {
         let (store, id, token) = (Arc::clone(&self.store), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = store.release(&id, token).await {
+                if let Err(e) = (*store).release(&id, token).await {
                     tracing::debug!(record = %id, error = %e, "release of an abandoned claim failed");
                 }
             });
@@ -413,8 +413,7 @@ struct Recorder {
 
 impl Recorder {
     async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
-        let result = self
-            .store
+        let result = (*self.store)
             .complete(&self.id, self.token, payload.clone(), self.retention)
             .await;
         if result.is_ok() {

@@ -9,7 +9,6 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
-use tracing::Instrument;
 
 use super::future::{DetachOnDrop, ResponseFuture};
 use super::grpc;
@@ -163,7 +162,7 @@ where
             // Polled in place; if the caller goes away (hyper drops this future), the
             // rest moves to a spawned task, so the handler still finishes and its
             // outcome is recorded.
-            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc).in_current_span()).await
+            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc)).await
         }
         Ok(Claimed::Replay(payload)) => {
             Ok(
