@@ -299,7 +299,7 @@ where
     let mut tee = tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc);
     match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
         Prefetch::Ended => {
-            tee.finish().await;
+            tee::settle_now(tee.settlement(Some(&parts.headers))).await;
             let (bytes, trailers) = tee.into_full();
             Ok(Response::from_parts(
                 parts,
@@ -311,7 +311,7 @@ where
             Ok(Rejection::response_failed(e).answer(grpc_call))
         }
         Prefetch::Stream => {
-            tee.renew_in_background();
+            tee.stream(&parts);
             Ok(Response::from_parts(
                 parts,
                 ResponseBody::wrap(Tee::new(tee)),
