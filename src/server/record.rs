@@ -209,9 +209,9 @@ fn get_fields(b: &mut Bytes) -> Result<HeaderMap, String> {
         return Err(short());
     }
     let count = b.get_u16();
-    // One more than the record holds: a replay adds its marker header, and a map that
-    // must grow for it reallocates both its tables.
-    let mut fields = HeaderMap::with_capacity(usize::from(count) + 1);
+    // Two more than the record holds: a replay adds its marker header and the server
+    // its `Content-Length`, and a map that must grow for them reallocates both tables.
+    let mut fields = HeaderMap::with_capacity(usize::from(count) + 2);
     for _ in 0..count {
         if b.remaining() < 2 {
             return Err(short());

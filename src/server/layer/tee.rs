@@ -57,7 +57,7 @@ pub(super) struct Inner {
     grpc: bool,
     /// Data read ahead by [`Inner::prefetch`], not sent yet. While the whole response
     /// is in hand it is the record's copy as well.
-    queued: VecDeque<Bytes>,
+    queued: ReadAhead,
     /// The copy for the record of a body that streams (cleared once over the limit).
     kept: Vec<Bytes>,
     kept_len: usize,
@@ -109,7 +109,7 @@ impl Inner {
             status: parts.status,
             headers,
             grpc,
-            queued: VecDeque::new(),
+            queued: ReadAhead::default(),
             kept: Vec::new(),
             kept_len: 0,
             seen: 0,
@@ -150,7 +150,7 @@ impl Inner {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         queued += data.len();
-                        self.queued.push_back(data);
+                        self.queued.push(data);
                     }
                     Err(frame) => {
                         if let Ok(t) = frame.into_trailers() {
@@ -173,7 +173,7 @@ impl Inner {
     pub(super) fn stream(&mut self, parts: &Parts) {
         self.headers = stored_response::storable(parts, &self.cfg.deny);
         if !self.over {
-            self.kept = self.queued.iter().cloned().collect();
+            self.kept = self.queued.as_slice().to_vec();
         }
         if let Some(exec) = &self.exec {
             self.renew = exec.renew_in_background();
@@ -183,7 +183,7 @@ impl Inner {
     /// What was read ahead, and the trailers: the whole response of a body that ended
     /// in [`Inner::prefetch`].
     pub(super) fn into_full(mut self) -> (Bytes, Option<HeaderMap>) {
-        (concat(self.queued.drain(..)), self.trailers.take())
+        (self.queued.take_joined(), self.trailers.take())
     }
 
     /// Settles the outcome of a body that streamed to its end: see [`Inner::settlement`].
@@ -218,7 +218,7 @@ impl Inner {
         } else {
             // A body read whole is all in the queue; one that streamed, in `kept`.
             let body: &[Bytes] = if self.kept.is_empty() {
-                self.queued.make_contiguous()
+                self.queued.as_slice()
             } else {
                 &self.kept
             };
@@ -350,7 +350,7 @@ impl Body for Tee {
         let Some(inner) = self.inner.as_deref() else {
             return SizeHint::with_exact(0);
         };
-        let queued: u64 = inner.queued.iter().map(|b| b.len() as u64).sum();
+        let queued = inner.queued.len_bytes();
         body::plus(inner.body.size_hint(), queued)
     }
 }
@@ -381,17 +381,60 @@ impl Drop for Tee {
     }
 }
 
-fn concat(chunks: impl ExactSizeIterator<Item = Bytes>) -> Bytes {
-    let mut chunks = chunks;
-    match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.next().unwrap_or_default(),
-        _ => {
-            let mut buf = BytesMut::new();
-            for c in chunks {
-                buf.extend_from_slice(&c);
+/// The frames read ahead of the caller: one frame (a buffered answer, almost always) is
+/// held without a queue, so reading a small response allocates nothing.
+#[derive(Default)]
+struct ReadAhead {
+    /// The only frame, while there is at most one.
+    one: Option<Bytes>,
+    /// All the frames, once there were two.
+    more: VecDeque<Bytes>,
+}
+
+impl ReadAhead {
+    fn push(&mut self, data: Bytes) {
+        match self.one.take() {
+            None if self.more.is_empty() => self.one = Some(data),
+            first => {
+                self.more.extend(first);
+                self.more.push_back(data);
             }
-            buf.freeze()
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Bytes> {
+        self.one.take().or_else(|| self.more.pop_front())
+    }
+
+    /// How many data bytes are held.
+    fn len_bytes(&self) -> u64 {
+        let all = self.one.iter().chain(&self.more);
+        all.map(|b| b.len() as u64).sum()
+    }
+
+    /// The frames in order.
+    fn as_slice(&mut self) -> &[Bytes] {
+        match &self.one {
+            Some(one) => std::slice::from_ref(one),
+            None => self.more.make_contiguous(),
+        }
+    }
+
+    /// The frames joined (a single frame as it is), leaving none.
+    fn take_joined(&mut self) -> Bytes {
+        if let Some(one) = self.one.take() {
+            return one;
+        }
+        match self.more.len() {
+            0 => Bytes::new(),
+            1 => self.more.pop_front().unwrap_or_default(),
+            _ => {
+                let mut buf = BytesMut::new();
+                for c in self.more.drain(..) {
+                    buf.extend_from_slice(&c);
+                }
+                buf.freeze()
+            }
         }
     }
 }
