@@ -24,6 +24,11 @@
 //! `--delay-ms` makes each charge wait that long before answering (the handler's own
 //! I/O, as an API behind the proxy has).
 //!
+//! `--store URL` puts the verifier over the store `idemkey::store::open` makes of URL
+//! (`redis://127.0.0.1:6379`, `postgres://user@host/db`, `sqlite://PATH`; Redis needs
+//! `--features redis`) instead of the memory store. Keys carry the driver's process id,
+//! so a store that outlives a run does not turn the next run's fresh keys into replays.
+//!
 //! It prints requests per second per round and workload, then the ratios against
 //! `bare` of the same rounds (totals over all rounds), for example
 //! `fresh/bare 0.62  replay/bare 0.95`.
@@ -36,10 +41,13 @@
 //! with `--features metrics` measures idemkey's metrics with a real recorder against
 //! the same program without them (BENCHMARKS.md, "Cost of the metrics").
 //!
-//! With `--drive ADDR --requests N --workload fresh|replay`, it sends N requests one
-//! after another over one keep-alive connection to a verifier already serving at ADDR
-//! (`load --serve`, which prints `VERIFIED ADDR`, for example under
-//! `valgrind --tool=callgrind`): instructions per request without a timed window.
+//! With `--drive ADDR --requests N --workload bare|fresh|replay`, it sends N requests one
+//! after another over one keep-alive connection to a server already serving at ADDR
+//! (`load --serve`, which prints `BARE ADDR` and `VERIFIED ADDR`, for example under
+//! `valgrind --tool=callgrind`; `bare` goes to the first, `fresh` and `replay` to the
+//! second): instructions per request without a timed window. Each driver process sends
+//! keys of its own, so a first drive can warm the server up (then
+//! `callgrind_control --zero`) and a second one be measured alone.
 #![allow(
     clippy::print_stdout,
     reason = "a command-line program prints its results"
@@ -67,12 +75,13 @@ mod metrics;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
-            [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load]
-       load --drive ADDR --requests N --workload fresh|replay
+            [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load] [--store URL]
+       load --drive ADDR --requests N --workload bare|fresh|replay
+       load --serve [--store URL]
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
   (and behind `idemkey proxy` with --proxy); with --against, this build's verifier
   against PATH's (this program built another way); with --drive, N sequential requests
-  to a verifier at ADDR (`load --serve`)";
+  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED otherwise)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -83,6 +92,7 @@ struct Args {
     delay_ms: u64,
     proxy: Option<String>,
     against: Option<std::path::PathBuf>,
+    store: Option<String>,
     drive: Option<SocketAddr>,
     requests: u64,
     workload: Workload,
@@ -123,6 +133,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         delay_ms: 0,
         proxy: None,
         against: None,
+        store: None,
         drive: None,
         requests: 1000,
         workload: Workload::Fresh,
@@ -151,6 +162,9 @@ fn parse_args() -> Result<Option<Args>, String> {
                     .ok_or(format!("--against needs a path; {USAGE}"))?;
                 args.against = Some(path.into());
             }
+            "--store" => {
+                args.store = Some(it.next().ok_or(format!("--store needs a URL; {USAGE}"))?)
+            }
             "--drive" => {
                 let addr = it
                     .next()
@@ -163,11 +177,12 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--requests" => args.requests = number("--requests")?,
             "--workload" => {
                 args.workload = match it.next().as_deref() {
+                    Some("bare") => Workload::Bare,
                     Some("fresh") => Workload::Fresh,
                     Some("replay") => Workload::Replay,
                     other => {
                         return Err(format!(
-                            "--workload {}: use fresh or replay",
+                            "--workload {}: use bare, fresh or replay",
                             other.unwrap_or("(missing)")
                         ));
                     }
@@ -214,6 +229,15 @@ fn main() -> ExitCode {
 /// The server process: the bare app and the verified app on two free ports, printed as
 /// `BARE ADDR` and `VERIFIED ADDR` on stdout.
 fn serve() -> ExitCode {
+    let mut args = std::env::args().skip(2);
+    let store = match (args.next().as_deref(), args.next()) {
+        (None, _) => None,
+        (Some("--store"), Some(url)) => Some(url),
+        _ => {
+            eprintln!("usage: load --serve [--store URL]");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build();
@@ -222,7 +246,17 @@ fn serve() -> ExitCode {
             // The same recorder in every build, so that only idemkey's metrics differ.
             let _metrics = metrics::install()?;
             let app = ChargeApp::new();
-            let verified = app.router(IdempotencyLayer::new(Engine::new(MemoryStore::new())));
+            let engine = match &store {
+                // The memory store itself, not behind `Arc<dyn Store>`, as an app would
+                // hold it.
+                None => Engine::new(MemoryStore::new()),
+                Some(url) => Engine::new(
+                    idemkey::store::open(url)
+                        .await
+                        .map_err(|e| format!("--store {url}: {e}"))?,
+                ),
+            };
+            let verified = app.router(IdempotencyLayer::new(engine));
             let bare = app.bare_router();
             let bare_listener = TcpListener::bind("127.0.0.1:0")
                 .await
@@ -251,12 +285,15 @@ fn serve() -> ExitCode {
     }
 }
 
-/// A server process of `exe --serve`, and its bare and verified addresses.
+/// A server process of `exe --serve` (over the store at `store`, the memory store
+/// without), and its bare and verified addresses.
 async fn start_server(
     exe: &std::path::Path,
+    store: Option<&str>,
 ) -> Result<(tokio::process::Child, SocketAddr, SocketAddr), String> {
     let mut server = tokio::process::Command::new(exe)
         .arg("--serve")
+        .args(store.map(|url| ["--store", url]).into_iter().flatten())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -290,7 +327,20 @@ async fn drive(args: Args) -> Result<(), String> {
     if let Some(addr) = args.drive {
         let (stop, done) = (AtomicBool::new(false), AtomicU64::new(0));
         let started = Instant::now();
-        connection(args.workload, addr, 0, 0, &stop, &done, body, args.requests).await?;
+        // Keys of their own for each driver process (the process id as the round), so
+        // that a second drive against the same server sends fresh keys again.
+        let round = std::process::id();
+        connection(
+            args.workload,
+            addr,
+            0,
+            round,
+            &stop,
+            &done,
+            body,
+            args.requests,
+        )
+        .await?;
         println!(
             "{} {} request(s) in {:.2} s",
             done.load(Ordering::Relaxed),
@@ -300,9 +350,10 @@ async fn drive(args: Args) -> Result<(), String> {
         return Ok(());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let (mut server, bare, verified) = start_server(&exe).await?;
+    let (mut server, bare, verified) = start_server(&exe, args.store.as_deref()).await?;
     if let Some(other) = &args.against {
-        let (mut other_server, _, other_verified) = start_server(other).await?;
+        let (mut other_server, _, other_verified) =
+            start_server(other, args.store.as_deref()).await?;
         let result = compare(&args, verified, other_verified, &body).await;
         server.kill().await.map_err(|e| e.to_string())?;
         other_server.kill().await.map_err(|e| e.to_string())?;
@@ -450,6 +501,9 @@ async fn connection(
     body: Bytes,
     limit: u64,
 ) -> Result<(), String> {
+    // Keys of this driver process's own (its id in them): a second run against the same
+    // server, or against a store that outlives the server, sends fresh keys again.
+    let run = std::process::id();
     let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let (mut sender, conn_task) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -459,8 +513,10 @@ async fn connection(
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) && n < limit {
         let key = match workload {
-            Workload::Bare | Workload::Fresh | Workload::Proxied => format!("r{round}-c{conn}-{n}"),
-            Workload::Replay => format!("r{round}-c{conn}"),
+            Workload::Bare | Workload::Fresh | Workload::Proxied => {
+                format!("{run:x}.{round}-c{conn}-{n}")
+            }
+            Workload::Replay => format!("{run:x}.{round}-c{conn}"),
         };
         let req = Request::builder()
             .method(Method::POST)

@@ -278,6 +278,11 @@ impl Engine {
 
     /// The store records are kept in: for maintenance of your own, such as
     /// [`Store::sweep`] on your scheduler.
+    ///
+    /// The engine calls its store through this `&dyn Store`, never through the
+    /// `Arc<dyn Store>` it holds: `Store` is implemented for `Arc<S>` too, and a method
+    /// called on the `Arc` would go through that forwarding impl, one more boxed future
+    /// per store operation.
     #[must_use]
     pub fn store(&self) -> &dyn Store {
         &*self.cfg.store
@@ -354,7 +359,7 @@ impl Engine {
     /// # drop(exec); Ok(()) }
     /// ```
     pub async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.cfg.store.inspect(&RecordId::new(scope, key)).await
+        self.store().inspect(&RecordId::new(scope, key)).await
     }
 
     /// Removes the record of `key` within `scope` whatever its state: a stuck claim is
@@ -379,10 +384,7 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, scope: &str, key: &str) -> Result<bool, StoreError> {
-        self.cfg
-            .store
-            .force_release(&RecordId::new(scope, key))
-            .await
+        self.store().force_release(&RecordId::new(scope, key)).await
     }
 
     /// Up to `limit` records in progress, oldest claim first (live ones and abandoned
@@ -392,7 +394,7 @@ impl Engine {
     /// The store's, including [`StoreError::is_unsupported`] where the store cannot
     /// list efficiently.
     pub async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
-        self.cfg.store.list_in_progress(limit).await
+        self.store().list_in_progress(limit).await
     }
 
     /// Claims `key` within `scope` for a request with `fingerprint`: the one way to a
@@ -475,7 +477,7 @@ impl Engine {
             return Ok(first);
         }
         let start = tokio::time::Instant::now();
-        let mut watch = match self.cfg.store.watch(&id).await {
+        let mut watch = match self.store().watch(&id).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::debug!(record = %id, error = %e, "cannot watch the record; polling");
@@ -506,8 +508,7 @@ impl Engine {
     ) -> Result<(Claimed, Option<Duration>), ClaimError> {
         let token = FencingToken::random();
         let claim = self
-            .cfg
-            .store
+            .store()
             .claim(ClaimRequest {
                 id: &id,
                 fingerprint,

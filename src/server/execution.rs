@@ -164,7 +164,7 @@ impl Execution {
         async move {
             loop {
                 tokio::time::sleep(every).await;
-                match store.renew(&id, token, lease).await {
+                match (*store).renew(&id, token, lease).await {
                     Ok(()) => {}
                     Err(e) if e.is_fenced() => {
                         tracing::warn!(record = %id, "lease lost while running: another request took the key over");
@@ -242,12 +242,22 @@ impl Execution {
     /// logged and returned by [`Recording::wait`].
     pub async fn complete_or_defer(mut self, payload: Bytes) -> Result<Completion, StoreError> {
         self.done = true;
-        let recorder = self.recorder();
-        let result = match recorder.attempt(&payload).await {
+        // The first attempt borrows this execution's parts: the owned copies a
+        // background recording needs (three shared counts touched by every request) are
+        // made only when it is needed.
+        let first = attempt(
+            &*self.store,
+            &self.id,
+            self.token,
+            self.retention,
+            &self.metrics,
+            &payload,
+        );
+        let result = match first.await {
             Ok(()) => Ok(Completion::Recorded),
             Err(e) if e.is_unavailable() => {
-                tracing::warn!(record = %recorder.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
-                Ok(Completion::Deferred(recorder.spawn(payload, Err(e))))
+                tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
+                Ok(Completion::Deferred(self.recorder().spawn(payload, Err(e))))
             }
             Err(e) => Err(e),
         };
@@ -279,7 +289,7 @@ impl Execution {
     /// leave the key to its lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.done = true;
-        let result = self.store.release(&self.id, self.token).await;
+        let result = (*self.store).release(&self.id, self.token).await;
         ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
         result
     }
@@ -294,7 +304,7 @@ impl Drop for Execution {
         let (store, id, token) = (Arc::clone(&self.store), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = store.release(&id, token).await {
+                if let Err(e) = (*store).release(&id, token).await {
                     tracing::debug!(record = %id, error = %e, "release of an abandoned claim failed");
                 }
             });
@@ -411,16 +421,33 @@ struct Recorder {
     metrics: Arc<ServerMetrics>,
 }
 
+/// One attempt to record `payload` as the outcome of the claim `token` holds on `id`.
+async fn attempt(
+    store: &dyn Store,
+    id: &RecordId,
+    token: FencingToken,
+    retention: Duration,
+    metrics: &ServerMetrics,
+    payload: &Bytes,
+) -> Result<(), StoreError> {
+    let result = store.complete(id, token, payload.clone(), retention).await;
+    if result.is_ok() {
+        metrics.stored_bytes(payload.len());
+    }
+    result
+}
+
 impl Recorder {
     async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
-        let result = self
-            .store
-            .complete(&self.id, self.token, payload.clone(), self.retention)
-            .await;
-        if result.is_ok() {
-            self.metrics.stored_bytes(payload.len());
-        }
-        result
+        attempt(
+            &*self.store,
+            &self.id,
+            self.token,
+            self.retention,
+            &self.metrics,
+            payload,
+        )
+        .await
     }
 
     /// Goes on from the result of the last attempt while the store is unavailable: a

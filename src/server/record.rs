@@ -65,7 +65,12 @@ impl Record {
             trailers,
         } = self
         {
-            return encode_response(*status, headers, std::slice::from_ref(body), trailers);
+            return encode_response(
+                *status,
+                || headers.iter(),
+                std::slice::from_ref(body),
+                trailers,
+            );
         }
         let mut out = BytesMut::new();
         out.put_slice(MAGIC);
@@ -139,18 +144,25 @@ impl Record {
 }
 
 /// The payload of a response record whose body is `body`, in pieces (as a streamed
-/// body was copied: joined here, once, into the payload).
-pub(crate) fn encode_response(
+/// body was copied: joined here, once, into the payload), and whose headers are those
+/// `headers` yields (a map's, or the storable ones of a response, filtered as they are
+/// written; asked twice, to size and to write).
+pub(crate) fn encode_response<'h, H, I>(
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: H,
     body: &[Bytes],
     trailers: &HeaderMap,
-) -> Bytes {
-    let size =
-        |h: &HeaderMap| -> usize { h.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum() };
+) -> Bytes
+where
+    H: Fn() -> I,
+    I: Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+{
+    fn size<'f>(fields: impl Iterator<Item = (&'f HeaderName, &'f HeaderValue)>) -> usize {
+        fields.map(|(n, v)| 6 + n.as_str().len() + v.len()).sum()
+    }
     let body_len: usize = body.iter().map(Bytes::len).sum();
     let mut out = BytesMut::with_capacity(
-        MAGIC.len() + 1 + 5 + 2 + size(headers) + size(trailers) + body_len,
+        MAGIC.len() + 1 + 5 + 2 + size(headers()) + size(trailers.iter()) + body_len,
     );
     out.put_slice(MAGIC);
     let with_trailers = !trailers.is_empty();
@@ -163,7 +175,7 @@ pub(crate) fn encode_response(
     out.put_u16(status.as_u16());
     put_fields(&mut out, headers);
     if with_trailers {
-        put_fields(&mut out, trailers);
+        put_fields(&mut out, || trailers.iter());
     }
     for piece in body {
         out.put_slice(piece);
@@ -176,11 +188,15 @@ fn short() -> String {
 }
 
 /// A header (or trailer) map: its count, then each name and value, length-prefixed.
-fn put_fields(out: &mut BytesMut, fields: &HeaderMap) {
+fn put_fields<'f, F, I>(out: &mut BytesMut, fields: F)
+where
+    F: Fn() -> I,
+    I: Iterator<Item = (&'f HeaderName, &'f HeaderValue)>,
+{
     // Counts and lengths fit: hyper limits headers far below these.
-    let count = fields.len().min(usize::from(u16::MAX));
+    let count = fields().count().min(usize::from(u16::MAX));
     out.put_u16(count as u16);
-    for (n, v) in fields.iter().take(count) {
+    for (n, v) in fields().take(count) {
         out.put_u16(n.as_str().len() as u16);
         out.put_slice(n.as_str().as_bytes());
         out.put_u32(v.len() as u32);
@@ -193,7 +209,9 @@ fn get_fields(b: &mut Bytes) -> Result<HeaderMap, String> {
         return Err(short());
     }
     let count = b.get_u16();
-    let mut fields = HeaderMap::with_capacity(usize::from(count));
+    // Two more than the record holds: a replay adds its marker header and the server
+    // its `Content-Length`, and a map that must grow for them reallocates both tables.
+    let mut fields = HeaderMap::with_capacity(usize::from(count) + 2);
     for _ in 0..count {
         if b.remaining() < 2 {
             return Err(short());

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use http::response::Parts;
-use http::{HeaderMap, HeaderName, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 
 use super::body::ResponseBody;
 use super::record::{self, Record};
@@ -23,16 +23,19 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// The record of a response whose body was read whole, encoded: its status, its
-/// headers as [`storable`] keeps them, its body (in the pieces it came in) and its
-/// trailers (minus those in `deny`).
-pub(crate) fn encode_record(
+/// The record of a response, encoded: its status, the headers `headers` yields (the
+/// storable ones: [`Storable::iter`], or a map of them), its body (in the pieces it
+/// came in) and its trailers (minus those in `deny`).
+pub(crate) fn encode_record<'h, I>(
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: impl Fn() -> I,
     body: &[Bytes],
     trailers: Option<&HeaderMap>,
     deny: &[HeaderName],
-) -> Bytes {
+) -> Bytes
+where
+    I: Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+{
     let trailers = trailers.map_or_else(HeaderMap::new, |t| {
         let mut t = t.clone();
         for name in deny {
@@ -53,30 +56,57 @@ pub(crate) fn record_too_large(status: StatusCode, size_at_least: u64) -> Record
 }
 
 /// The headers of `parts` that a record keeps: all but hop-by-hop ones,
-/// `Content-Length` and those in `deny`.
+/// `Content-Length` and those in `deny`, copied out (for a response that streams on
+/// after its head went to the caller).
 pub(crate) fn storable(parts: &Parts, deny: &[HeaderName]) -> HeaderMap {
     storable_headers(&parts.headers, deny)
 }
 
 fn storable_headers(headers: &HeaderMap, deny: &[HeaderName]) -> HeaderMap {
-    let named_by_connection: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .collect();
+    let kept = Storable::new(headers, deny);
     let mut out = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let drop = HOP_BY_HOP.contains(name)
-            || name == header::CONTENT_LENGTH
-            || deny.contains(name)
-            || named_by_connection.iter().any(|n| n == name.as_str());
-        if !drop {
-            out.append(name.clone(), value.clone());
-        }
+    for (name, value) in kept.iter() {
+        out.append(name.clone(), value.clone());
     }
     out
+}
+
+/// The headers of a response that a record keeps, read in place: what [`storable`]
+/// copies out, for a response whose record is written while its head is still at hand
+/// (nothing copied).
+pub(crate) struct Storable<'h> {
+    headers: &'h HeaderMap,
+    deny: &'h [HeaderName],
+    /// Names listed by `Connection` (hop-by-hop too); empty, unallocated, without one.
+    named_by_connection: Vec<String>,
+}
+
+impl<'h> Storable<'h> {
+    pub(crate) fn new(headers: &'h HeaderMap, deny: &'h [HeaderName]) -> Self {
+        let named_by_connection = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|s| s.trim().to_ascii_lowercase())
+            .collect();
+        Self {
+            headers,
+            deny,
+            named_by_connection,
+        }
+    }
+
+    /// The kept headers, in the response's order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)> {
+        let (deny, named) = (self.deny, &self.named_by_connection);
+        self.headers.iter().filter(move |(name, _)| {
+            !(HOP_BY_HOP.contains(name)
+                || *name == header::CONTENT_LENGTH
+                || deny.contains(name)
+                || named.iter().any(|n| n == name.as_str()))
+        })
+    }
 }
 
 /// The answer to a retry of a completed request: the stored response marked with

@@ -9,6 +9,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::time::Instant;
 
+use super::id_hash::IdHashBuilder;
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Settlements, Store,
     StoreError, Watch, clamp_forever,
@@ -51,7 +52,7 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    records: DashMap<RecordId, Record>,
+    records: DashMap<RecordId, Record, IdHashBuilder>,
     /// Duplicates waiting for a record to settle ([`Store::watch`]).
     settlements: Settlements,
     /// Store time after which the next claim starts a sweep.
@@ -66,7 +67,7 @@ struct Inner {
 impl Default for Inner {
     fn default() -> Self {
         Self {
-            records: DashMap::new(),
+            records: DashMap::default(),
             settlements: Settlements::default(),
             next_sweep_us: AtomicU64::new(SWEEP_INTERVAL_US),
             epoch: Instant::now(),

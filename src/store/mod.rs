@@ -46,6 +46,7 @@
 
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
+mod id_hash;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod inbox;
 mod memory;

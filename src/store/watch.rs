@@ -7,6 +7,7 @@ use dashmap::DashMap;
 use tokio::sync::watch;
 
 use super::RecordId;
+use super::id_hash::IdHashBuilder;
 
 /// How often a [`PollingWatch`] looks again: the pause of a store that cannot notify.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -68,7 +69,7 @@ impl Watch for PollingWatch {
 /// database's notifications) calls [`Settlements::notify`] when a record settles.
 #[derive(Debug, Default)]
 pub(crate) struct Settlements {
-    waiters: DashMap<RecordId, watch::Sender<()>>,
+    waiters: DashMap<RecordId, watch::Sender<()>, IdHashBuilder>,
 }
 
 impl Settlements {
@@ -89,7 +90,12 @@ impl Settlements {
             tx.send_replace(());
             true
         });
-        self.waiters.remove_if(id, |_, tx| tx.receiver_count() == 0);
+        // Nobody waited (every completion of a fresh key): nothing to forget, and no
+        // second look-up under the shard's write lock. A waiter that subscribes meanwhile
+        // keeps its entry either way.
+        if woke {
+            self.waiters.remove_if(id, |_, tx| tx.receiver_count() == 0);
+        }
         woke
     }
 

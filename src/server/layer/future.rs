@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::Response;
+use tracing::Instrument;
 
 use crate::server::body::ResponseBody;
 
@@ -44,7 +45,11 @@ impl<E> Future for ResponseFuture<E> {
 /// Polls a future in place, and hands it to a spawned task if dropped before it ends.
 ///
 /// Spawning every execution would cost a task and a cross-thread wake-up per request;
-/// this costs one only for the requests whose caller went away.
+/// this costs one only for the requests whose caller went away. The spawned rest runs
+/// in the span current when it is dropped: the request's, which tracing's `Instrumented`
+/// enters while it drops the pipeline. (Instrumenting every execution up front cost a
+/// move of the whole future and a span enter and exit per poll, for the few that are
+/// ever detached.)
 pub(super) struct DetachOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
 
 impl<F: Future + Send + 'static> DetachOnDrop<F> {
@@ -83,8 +88,9 @@ where
         if let Some(fut) = self.0.take() {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
+                    let rest = fut.instrument(tracing::Span::current());
                     rt.spawn(async move {
-                        let _ = fut.await;
+                        let _ = rest.await;
                     });
                 }
                 // No runtime: the execution's drop releases the key instead.

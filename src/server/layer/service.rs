@@ -9,7 +9,6 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
-use tracing::Instrument;
 
 use super::future::{DetachOnDrop, ResponseFuture};
 use super::grpc;
@@ -163,7 +162,7 @@ where
             // Polled in place; if the caller goes away (hyper drops this future), the
             // rest moves to a spawned task, so the handler still finishes and its
             // outcome is recorded.
-            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc).in_current_span()).await
+            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc)).await
         }
         Ok(Claimed::Replay(payload)) => {
             Ok(
@@ -300,7 +299,7 @@ where
     let mut tee = tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc);
     match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
         Prefetch::Ended => {
-            tee.finish().await;
+            tee::settle_now(tee.settlement(Some(&parts.headers))).await;
             let (bytes, trailers) = tee.into_full();
             Ok(Response::from_parts(
                 parts,
@@ -312,7 +311,7 @@ where
             Ok(Rejection::response_failed(e).answer(grpc_call))
         }
         Prefetch::Stream => {
-            tee.renew_in_background();
+            tee.stream(&parts);
             Ok(Response::from_parts(
                 parts,
                 ResponseBody::wrap(Tee::new(tee)),

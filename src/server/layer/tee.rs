@@ -50,12 +50,15 @@ pub(super) struct Inner {
     body: UnsyncBoxBody<Bytes, BoxError>,
     exec: Option<Execution>,
     status: StatusCode,
-    /// The headers a record keeps.
+    /// The headers a record keeps, copied out of the response's head: for a gRPC
+    /// answer (judged by them) and for a body that streams (recorded once the head is
+    /// gone). Empty otherwise: a response read whole is recorded from its own head.
     headers: HeaderMap,
     grpc: bool,
-    /// Data read ahead by [`Inner::prefetch`], not sent yet.
-    queued: VecDeque<Bytes>,
-    /// The copy for the record (cleared once over the limit).
+    /// Data read ahead by [`Inner::prefetch`], not sent yet. While the whole response
+    /// is in hand it is the record's copy as well.
+    queued: ReadAhead,
+    /// The copy for the record of a body that streams (cleared once over the limit).
     kept: Vec<Bytes>,
     kept_len: usize,
     /// Every data byte seen.
@@ -94,7 +97,11 @@ impl Inner {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let headers = stored_response::storable(parts, &cfg.deny);
+        let headers = if grpc {
+            stored_response::storable(parts, &cfg.deny)
+        } else {
+            HeaderMap::new()
+        };
         Self {
             cfg,
             body: body.map_err(Into::into).boxed_unsync(),
@@ -102,7 +109,7 @@ impl Inner {
             status: parts.status,
             headers,
             grpc,
-            queued: VecDeque::new(),
+            queued: ReadAhead::default(),
             kept: Vec::new(),
             kept_len: 0,
             seen: 0,
@@ -127,62 +134,78 @@ impl Inner {
         }
     }
 
-    /// Reads the frames that are there at once, up to the storage limit.
+    /// Reads the frames that are there at once, up to the storage limit. What it read
+    /// is kept for the record in the queue itself: copied out by [`Inner::stream`] if
+    /// the body streams on, never if it ended.
     pub(super) fn prefetch(&mut self, cx: &mut Context<'_>) -> Prefetch {
         let mut queued = 0_usize;
-        loop {
+        let found = loop {
             if queued > self.cfg.stored_response_limit {
-                return Prefetch::Stream;
+                break Prefetch::Stream;
             }
             match Pin::new(&mut self.body).poll_frame(cx) {
-                Poll::Pending => return Prefetch::Stream,
-                Poll::Ready(None) => return Prefetch::Ended,
-                Poll::Ready(Some(Err(e))) => return Prefetch::Failed(e),
+                Poll::Pending => break Prefetch::Stream,
+                Poll::Ready(None) => break Prefetch::Ended,
+                Poll::Ready(Some(Err(e))) => break Prefetch::Failed(e),
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        self.keep(&data);
                         queued += data.len();
-                        self.queued.push_back(data);
+                        self.queued.push(data);
                     }
                     Err(frame) => {
                         if let Ok(t) = frame.into_trailers() {
                             self.trailers = Some(t);
-                            return Prefetch::Ended;
+                            break Prefetch::Ended;
                         }
                     }
                 },
             }
+        };
+        self.seen = queued as u64;
+        self.kept_len = queued;
+        self.over = queued > self.cfg.stored_response_limit;
+        found
+    }
+
+    /// From now on the body streams to the caller: the record's copy and headers are
+    /// taken out of what was read ahead and the response's head, and the lease is
+    /// renewed meanwhile.
+    pub(super) fn stream(&mut self, parts: &Parts) {
+        self.headers = stored_response::storable(parts, &self.cfg.deny);
+        if !self.over {
+            self.kept = self.queued.as_slice().to_vec();
+        }
+        if let Some(exec) = &self.exec {
+            self.renew = exec.renew_in_background();
         }
     }
 
     /// What was read ahead, and the trailers: the whole response of a body that ended
     /// in [`Inner::prefetch`].
     pub(super) fn into_full(mut self) -> (Bytes, Option<HeaderMap>) {
-        (concat(self.queued.drain(..)), self.trailers.take())
+        (self.queued.take_joined(), self.trailers.take())
     }
 
-    /// Renews the lease from now on, while the body streams.
-    pub(super) fn renew_in_background(&mut self) {
-        if let Some(exec) = &self.exec {
-            self.renew = exec.renew_in_background();
-        }
+    /// Settles the outcome of a body that streamed to its end: see [`Inner::settlement`].
+    fn finish(&mut self) -> BoxFuture {
+        Box::pin(settle_now(self.settlement(None)))
     }
 
-    /// Settles the outcome of a body that ended: the record (the response, or that it
-    /// was too large) or, when the policy says so (a gRPC status that releases), a
-    /// release.
-    pub(super) fn finish(&mut self) -> BoxFuture {
+    /// How to settle the outcome of a body that ended: the record (the response, or
+    /// that it was too large) or, when the policy says so (a gRPC status that
+    /// releases), a release; `None` once settled. `head`: the response's headers, for a
+    /// response read whole ([`Prefetch::Ended`]); `None` for one that streamed, whose
+    /// headers [`Inner::stream`] copied out.
+    pub(super) fn settlement(&mut self, head: Option<&HeaderMap>) -> Option<Settle> {
         self.renew = None;
-        let Some(exec) = self.exec.take() else {
-            return Box::pin(async {});
-        };
+        let exec = self.exec.take()?;
         let judged = if self.grpc {
             grpc::outcome_status(self.trailers.as_ref(), &self.headers)
         } else {
             self.status
         };
         if self.cfg.policy.decide(judged) == Outcome::Release {
-            return Box::pin(async move { settle(exec.release().await, "release") });
+            return Some(Settle::Release(exec));
         }
         let record = if self.over {
             tracing::warn!(
@@ -193,17 +216,36 @@ impl Inner {
             );
             stored_response::record_too_large(self.status, self.seen).encode()
         } else {
-            let payload = stored_response::encode_record(
-                self.status,
-                &self.headers,
-                &self.kept,
-                self.trailers.as_ref(),
-                &self.cfg.deny,
-            );
+            // A body read whole is all in the queue; one that streamed, in `kept`.
+            let body: &[Bytes] = if self.kept.is_empty() {
+                self.queued.as_slice()
+            } else {
+                &self.kept
+            };
+            let (trailers, deny) = (self.trailers.as_ref(), &self.cfg.deny[..]);
+            let payload = match head {
+                Some(head) => {
+                    let kept = stored_response::Storable::new(head, deny);
+                    stored_response::encode_record(
+                        self.status,
+                        || kept.iter(),
+                        body,
+                        trailers,
+                        deny,
+                    )
+                }
+                None => stored_response::encode_record(
+                    self.status,
+                    || self.headers.iter(),
+                    body,
+                    trailers,
+                    deny,
+                ),
+            };
             self.kept = Vec::new();
             payload
         };
-        Box::pin(record_outcome(exec, record))
+        Some(Settle::Record(exec, record))
     }
 
     /// Releases the key of a body that failed: nothing complete was sent.
@@ -308,7 +350,7 @@ impl Body for Tee {
         let Some(inner) = self.inner.as_deref() else {
             return SizeHint::with_exact(0);
         };
-        let queued: u64 = inner.queued.iter().map(|b| b.len() as u64).sum();
+        let queued = inner.queued.len_bytes();
         body::plus(inner.body.size_hint(), queued)
     }
 }
@@ -339,18 +381,76 @@ impl Drop for Tee {
     }
 }
 
-fn concat(chunks: impl ExactSizeIterator<Item = Bytes>) -> Bytes {
-    let mut chunks = chunks;
-    match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.next().unwrap_or_default(),
-        _ => {
-            let mut buf = BytesMut::new();
-            for c in chunks {
-                buf.extend_from_slice(&c);
+/// The frames read ahead of the caller: one frame (a buffered answer, almost always) is
+/// held without a queue, so reading a small response allocates nothing.
+#[derive(Default)]
+struct ReadAhead {
+    /// The only frame, while there is at most one.
+    one: Option<Bytes>,
+    /// All the frames, once there were two.
+    more: VecDeque<Bytes>,
+}
+
+impl ReadAhead {
+    fn push(&mut self, data: Bytes) {
+        match self.one.take() {
+            None if self.more.is_empty() => self.one = Some(data),
+            first => {
+                self.more.extend(first);
+                self.more.push_back(data);
             }
-            buf.freeze()
         }
+    }
+
+    fn pop_front(&mut self) -> Option<Bytes> {
+        self.one.take().or_else(|| self.more.pop_front())
+    }
+
+    /// How many data bytes are held.
+    fn len_bytes(&self) -> u64 {
+        let all = self.one.iter().chain(&self.more);
+        all.map(|b| b.len() as u64).sum()
+    }
+
+    /// The frames in order.
+    fn as_slice(&mut self) -> &[Bytes] {
+        match &self.one {
+            Some(one) => std::slice::from_ref(one),
+            None => self.more.make_contiguous(),
+        }
+    }
+
+    /// The frames joined (a single frame as it is), leaving none.
+    fn take_joined(&mut self) -> Bytes {
+        if let Some(one) = self.one.take() {
+            return one;
+        }
+        match self.more.len() {
+            0 => Bytes::new(),
+            1 => self.more.pop_front().unwrap_or_default(),
+            _ => {
+                let mut buf = BytesMut::new();
+                for c in self.more.drain(..) {
+                    buf.extend_from_slice(&c);
+                }
+                buf.freeze()
+            }
+        }
+    }
+}
+
+/// What settles a claim whose response ended ([`Inner::settlement`]).
+pub(super) enum Settle {
+    Release(Execution),
+    Record(Execution, Bytes),
+}
+
+/// Settles the outcome; nothing when it was settled already.
+pub(super) async fn settle_now(outcome: Option<Settle>) {
+    match outcome {
+        Some(Settle::Release(exec)) => settle(exec.release().await, "release"),
+        Some(Settle::Record(exec, payload)) => record_outcome(exec, payload).await,
+        None => {}
     }
 }
 
