@@ -427,6 +427,74 @@ async fn sqlite_enqueues_arriving_together_share_a_commit() {
     );
 }
 
+/// Operation `id`, a POST of `body`, as an outbox prepares it (not recorded anywhere).
+fn prepared(id: &str, body: impl Into<reqwest::Body>) -> idemkey::client::outbox::Operation {
+    let request = reqwest::Client::new()
+        .post("http://127.0.0.1:9/v1/charges")
+        .body(body)
+        .build()
+        .expect("request");
+    Outbox::new(MemoryJournal::new())
+        .prepare(id, request)
+        .expect("prepare")
+}
+
+/// A SQLite and a PostgreSQL test of `$check(journal, commits, run)`, each on a journal
+/// of its own, on a current-thread runtime: writes joined together are all queued
+/// before the writer task runs.
+macro_rules! on_sql_journals {
+    ($check:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test(flavor = "current_thread")]
+        async fn $sqlite() {
+            let dir = support::TempDir::new("idemkey-outbox");
+            let journal = SqliteJournal::open(dir.path().join("outbox.db"))
+                .await
+                .expect("open");
+            let counter = journal.clone();
+            $check(journal, || counter.commits(), "s").await;
+        }
+
+        #[tokio::test(flavor = "current_thread")]
+        async fn $postgres() {
+            let table = support::unique("idemkey_outbox_test");
+            let journal = postgres_journal(&table).await;
+            let counter = journal.clone();
+            $check(journal, || counter.commits(), "p").await;
+            support::drop_postgres_table(&table).await;
+        }
+    };
+}
+
+/// Enqueues queued together whose bodies sum above the writer's budget (16 MiB of body
+/// bytes per batch) are cut into several batches, and all succeed: three 6 MiB bodies
+/// in one batch would be 18 MiB. On a current-thread runtime every enqueue is queued
+/// before the writer task runs, so without the budget they share one commit.
+async fn bodies_above_the_batch_budget_take_several_commits(
+    journal: impl Journal,
+    commits: impl Fn() -> u64,
+    run: &str,
+) {
+    let prepare = |name: &str, fill: u8| prepared(&format!("{run}:{name}"), vec![fill; 6 << 20]);
+    let (a, b, c) = (prepare("a", b'a'), prepare("b", b'b'), prepare("c", b'c'));
+    let before = commits();
+    let (first, second, third) = tokio::join!(
+        journal.enqueue(&a),
+        journal.enqueue(&b),
+        journal.enqueue(&c)
+    );
+    for (name, enqueued) in [("a", first), ("b", second), ("c", third)] {
+        assert_eq!(enqueued.expect(name), Enqueued::Inserted, "{name}");
+    }
+    let commits = commits() - before;
+    assert!(commits >= 2, "18 MiB of bodies took {commits} commit(s)");
+    let stored = journal.get(&c.id).await.expect("get").expect("c stored");
+    assert!(stored.same_request(&c), "c's body comes back unchanged");
+}
+
+on_sql_journals!(bodies_above_the_batch_budget_take_several_commits:
+    sqlite_bodies_above_the_batch_budget_take_several_commits,
+    postgres_bodies_above_the_batch_budget_take_several_commits);
+
 /// Writes on one operation queued together land in one batch, and each gets the answer
 /// it would get alone in queue order (the writer runs the k-th write of each operation
 /// in round k): a second enqueue finds the first, an attempt counts, an outcome is
@@ -437,16 +505,7 @@ async fn writes_on_one_operation_in_one_batch_keep_their_order(
     commits: impl Fn() -> u64,
     run: &str,
 ) {
-    let outbox = Outbox::new(MemoryJournal::new());
-    let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
-    let prepare = |id: &str| {
-        let request = client
-            .post("http://127.0.0.1:9/v1/charges")
-            .body(format!("{{\"op\":\"{id}\"}}"))
-            .build()
-            .expect("request");
-        outbox.prepare(id, request).expect("prepare")
-    };
+    let prepare = |id: &str| prepared(id, format!("{{\"op\":\"{id}\"}}"));
     let (a, b) = (prepare(&format!("{run}:a")), prepare(&format!("{run}:b")));
     let outcome = idemkey::client::outbox::Outcome {
         status: http::StatusCode::CREATED,
@@ -499,24 +558,9 @@ async fn writes_on_one_operation_in_one_batch_keep_their_order(
     );
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn sqlite_writes_on_one_operation_in_one_batch_keep_their_order() {
-    let dir = support::TempDir::new("idemkey-outbox");
-    let journal = SqliteJournal::open(dir.path().join("outbox.db"))
-        .await
-        .expect("open");
-    let counter = journal.clone();
-    writes_on_one_operation_in_one_batch_keep_their_order(journal, || counter.commits(), "s").await;
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn postgres_writes_on_one_operation_in_one_batch_keep_their_order() {
-    let table = support::unique("idemkey_outbox_test");
-    let journal = postgres_journal(&table).await;
-    let counter = journal.clone();
-    writes_on_one_operation_in_one_batch_keep_their_order(journal, || counter.commits(), "p").await;
-    support::drop_postgres_table(&table).await;
-}
+on_sql_journals!(writes_on_one_operation_in_one_batch_keep_their_order:
+    sqlite_writes_on_one_operation_in_one_batch_keep_their_order,
+    postgres_writes_on_one_operation_in_one_batch_keep_their_order);
 
 /// The transactional outbox on SQLite: an operation enqueued in a rolled-back
 /// transaction never existed; a committed one is delivered.

@@ -122,6 +122,11 @@ pub enum Enqueued {
 pub trait Journal: Send + Sync + 'static {
     /// Records `op` (pending, or with its outcome) unless an operation with its id
     /// exists.
+    ///
+    /// # Errors
+    /// The journal could not record it: nothing of `op` was kept, so retrying is safe.
+    /// The SQL journals commit concurrent writes together, and one failing statement
+    /// fails every write of its batch (see `SqliteJournal`, `PostgresJournal`).
     async fn enqueue(&self, op: &Operation) -> Result<Enqueued, JournalError>;
 
     /// Adds one to the attempts of the pending operation `id`: the new count, or `None`

@@ -21,10 +21,19 @@ use super::writer::{Backend, Reply, Write, Writer, answered, journal_over_writer
 ///
 /// **Group commit**, as `SqliteJournal` does: all writes of
 /// this journal (and its clones) go to one writer task, which takes every write that
-/// is waiting (up to 256), runs them in one transaction with one multi-row statement
-/// per kind of write, commits once, and only then answers each caller.
-/// [`PostgresJournal::commits`] counts the commits. Reads go to the pool. The table is
-/// created when the journal connects.
+/// is waiting, cuts them into batches (up to 256 writes and 16 MiB of request and
+/// answer bodies each, so that a batch stays far below PostgreSQL's 1 GB limit on one
+/// message; a write with a larger body is a batch of its own), runs each batch in one
+/// transaction with one multi-row statement per kind of write, commits once, and only
+/// then answers each caller. [`PostgresJournal::commits`] counts the commits. Reads go
+/// to the pool. The table is created when the journal connects.
+///
+/// **A failure fails the whole batch**, as on SQLite: when a statement fails (the
+/// connection is lost, the server refuses a statement), the transaction rolls back and
+/// every write of the batch is answered with the error. An enqueue that fails recorded
+/// nothing and the outbox sent nothing: retrying it is safe. A deferred outcome in a
+/// failed batch leaves its operation pending, reported by
+/// [`Journal::flush`](super::Journal::flush).
 ///
 /// **Deferred outcomes**, as on SQLite: [`Journal::complete_deferred`](super::Journal::complete_deferred)
 /// queues the outcome to the writer and returns; this journal reads it back at once, it

@@ -29,12 +29,25 @@ use super::writer::{
 /// and it survives a crash of the process or of the machine.
 ///
 /// **Group commit.** All writes go to one writer task on one connection. It takes every
-/// write that is waiting (up to 256), runs them in one transaction with one multi-row
+/// write that is waiting, cuts them into batches (up to 256 writes and 16 MiB of request
+/// and answer bodies each; a write with a larger body is a batch of its own, never
+/// refused for its size), runs each batch in one transaction with one multi-row
 /// statement per kind of write (all the enqueues in one `INSERT`, all the outcomes in
 /// one `UPDATE .. FROM (VALUES ..)`), commits once (one WAL sync), and only then answers
 /// each caller. One caller alone pays one commit per write; many concurrent callers
 /// share commits and statements, so that the cost per call falls well under one synced
 /// commit. [`SqliteJournal::commits`] counts the commits.
+///
+/// **A failure fails the whole batch.** When a statement of a batch fails (the disk is
+/// full, another process holds the file past the busy timeout, a body is over SQLite's
+/// length limit), its transaction rolls back and every write of the batch is answered
+/// with that error, also those that would have succeeded alone. Each caller sees its own
+/// call's [`JournalError`]: an enqueue that fails recorded nothing, and the outbox sends
+/// nothing ([`OutboxError::is_journal`](super::OutboxError::is_journal)), so retrying it
+/// (the same id, so the same key) is safe. An awaited attempt or outcome that fails
+/// changed nothing: the operation stays as it was. A deferred outcome in a failed batch
+/// leaves its operation pending; [`Journal::flush`](super::Journal::flush) reports it and
+/// a resume finishes it.
 ///
 /// **Deferred outcomes.** [`Journal::complete_deferred`](super::Journal::complete_deferred) (what the outbox records an
 /// answer with) queues the outcome to the writer and returns without waiting for its

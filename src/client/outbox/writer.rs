@@ -1,10 +1,13 @@
 //! The group-commit writer the SQL journals (SQLite, PostgreSQL) share.
 //!
 //! Every write of a journal goes to one writer task, in order. The task takes every
-//! write that is waiting (up to [`MAX_BATCH`]), runs them in one transaction with one
+//! write that is waiting (up to [`MAX_BATCH`] writes, cut into batches of at most
+//! [`MAX_BATCH_BYTES`] body bytes), runs each batch in one transaction with one
 //! multi-row statement per kind of write (see [`Round`]), commits once, and only then
-//! answers each caller. A deferred outcome is answered at once by the journal and
-//! committed with the next batch; [`Queued`] is what this process reads meanwhile.
+//! answers each caller. A failing statement fails its whole batch: the transaction
+//! rolls back and every write in it is answered with the error. A deferred outcome is
+//! answered at once by the journal and committed with the next batch; [`Queued`] is
+//! what this process reads meanwhile.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -19,6 +22,14 @@ use super::sql::Statements;
 
 /// The most writes committed together in one transaction.
 pub(crate) const MAX_BATCH: usize = 256;
+
+/// The most body bytes (request bodies of enqueues, answer bodies of outcomes)
+/// committed together in one transaction, 16 MiB. A multi-row statement carries every
+/// row's body in one message, and PostgreSQL refuses a message over 1 GB: without this
+/// bound, 256 concurrent enqueues of 5 MB bodies would form one batch that fails for all
+/// of them. A write larger than this goes in a batch of its own (never refused here for
+/// its size).
+pub(crate) const MAX_BATCH_BYTES: usize = 16 << 20;
 
 /// One write, as queued to the writer.
 pub(crate) enum Write {
@@ -35,6 +46,15 @@ impl Write {
         match self {
             Write::Enqueue(_, r) | Write::BeginAttempt(_, r) | Write::Flush(r) => Some(r),
             Write::Complete(_, _, r) => r,
+        }
+    }
+
+    /// The body bytes this write carries to the database.
+    fn body_bytes(&self) -> usize {
+        match self {
+            Write::Enqueue(op, _) => op.body.len(),
+            Write::Complete(_, outcome, _) => outcome.body.len(),
+            Write::BeginAttempt(..) | Write::Flush(_) => 0,
         }
     }
 
@@ -258,8 +278,24 @@ fn unexpected(reply: Reply) -> JournalError {
     }
 }
 
-/// The writer: takes every waiting write, runs them in one transaction, commits once,
-/// answers each, then the flushes.
+/// How many of the writes whose body bytes are `sizes` (in queue order) make the next
+/// batch: as many as fit in [`MAX_BATCH_BYTES`], and at least one.
+fn batch_len(sizes: impl IntoIterator<Item = usize>) -> usize {
+    let mut bytes = 0usize;
+    let mut len = 0;
+    for size in sizes {
+        bytes = bytes.saturating_add(size);
+        if bytes > MAX_BATCH_BYTES && len > 0 {
+            break;
+        }
+        len += 1;
+    }
+    len
+}
+
+/// The writer: takes every waiting write, runs them in batches (one transaction each,
+/// in order, cut by [`batch_len`]), answers each write once its batch is committed,
+/// then the flushes.
 async fn write_loop(
     mut backend: impl Backend,
     mut queue: mpsc::UnboundedReceiver<Write>,
@@ -269,43 +305,13 @@ async fn write_loop(
 ) {
     let mut received = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut received, MAX_BATCH).await > 0 {
-        let (flushes, batch): (Vec<Write>, Vec<Write>) = received
+        let (flushes, mut writes): (Vec<Write>, Vec<Write>) = received
             .drain(..)
             .partition(|w| matches!(w, Write::Flush(_)));
-        if !batch.is_empty() {
-            let deferred: Vec<String> = batch
-                .iter()
-                .filter_map(|w| match w {
-                    Write::Complete(id, _, None) => Some(id.clone()),
-                    _ => None,
-                })
-                .collect();
-            match backend.run(&sql, &batch).await {
-                Ok(answers) => {
-                    commits.fetch_add(1, Ordering::Relaxed);
-                    queued.settled(&deferred, None);
-                    for (write, answer) in batch.into_iter().zip(answers) {
-                        if let Some(reply) = write.reply() {
-                            let _ = reply.send(answer);
-                        }
-                    }
-                }
-                Err(e) => {
-                    let message = e.to_string();
-                    queued.settled(&deferred, Some(&message));
-                    for write in batch {
-                        if let Some(reply) = write.reply() {
-                            let _ = reply.send(Reply::Failed(JournalError::unavailable(
-                                format!(
-                                    "outbox journal: the commit failed ({message}); nothing \
-                                     of this write was kept"
-                                ),
-                                message.clone(),
-                            )));
-                        }
-                    }
-                }
-            }
+        while !writes.is_empty() {
+            let rest = writes.split_off(batch_len(writes.iter().map(Write::body_bytes)));
+            commit(&mut backend, &sql, &commits, &queued, writes).await;
+            writes = rest;
         }
         for flush in flushes {
             if let Some(reply) = flush.reply() {
@@ -314,6 +320,50 @@ async fn write_loop(
         }
     }
     backend.close().await;
+}
+
+/// Runs `batch` (not empty, no flush in it) in one transaction and answers each of its
+/// writes: with its answer once committed, or all with the error.
+async fn commit(
+    backend: &mut impl Backend,
+    sql: &Statements,
+    commits: &AtomicU64,
+    queued: &Queued,
+    batch: Vec<Write>,
+) {
+    let deferred: Vec<String> = batch
+        .iter()
+        .filter_map(|w| match w {
+            Write::Complete(id, _, None) => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    match backend.run(sql, &batch).await {
+        Ok(answers) => {
+            commits.fetch_add(1, Ordering::Relaxed);
+            queued.settled(&deferred, None);
+            for (write, answer) in batch.into_iter().zip(answers) {
+                if let Some(reply) = write.reply() {
+                    let _ = reply.send(answer);
+                }
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            queued.settled(&deferred, Some(&message));
+            for write in batch {
+                if let Some(reply) = write.reply() {
+                    let _ = reply.send(Reply::Failed(JournalError::unavailable(
+                        format!(
+                            "outbox journal: the commit failed ({message}); nothing \
+                             of this write was kept"
+                        ),
+                        message.clone(),
+                    )));
+                }
+            }
+        }
+    }
 }
 
 /// The outcomes queued by [`Writer::complete_deferred`] and not committed yet (what
@@ -481,3 +531,44 @@ macro_rules! journal_over_writer {
     };
 }
 pub(crate) use journal_over_writer;
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_BATCH_BYTES, batch_len};
+
+    const MIB: usize = 1 << 20;
+
+    /// The lengths of the batches `sizes` is cut into.
+    fn batches(mut sizes: &[usize]) -> Vec<usize> {
+        let mut lens = Vec::new();
+        while !sizes.is_empty() {
+            let len = batch_len(sizes.iter().copied());
+            lens.push(len);
+            sizes = &sizes[len..];
+        }
+        lens
+    }
+
+    #[test]
+    fn small_writes_share_one_batch() {
+        assert_eq!(batches(&[100; 256]), [256]);
+        assert_eq!(batches(&[0, 0, 0]), [3]);
+        assert_eq!(batches(&[MAX_BATCH_BYTES]), [1]);
+    }
+
+    #[test]
+    fn a_batch_stops_before_the_write_that_would_pass_the_budget() {
+        assert_eq!(batches(&[6 * MIB; 5]), [2, 2, 1]);
+        assert_eq!(
+            batches(&[MAX_BATCH_BYTES / 2, MAX_BATCH_BYTES / 2, 1]),
+            [2, 1]
+        );
+    }
+
+    #[test]
+    fn a_write_over_the_budget_goes_alone_and_is_not_refused() {
+        assert_eq!(batches(&[MAX_BATCH_BYTES + 1]), [1]);
+        assert_eq!(batches(&[1, 3 * MAX_BATCH_BYTES, 1]), [1, 1, 1]);
+        assert_eq!(batches(&[usize::MAX, usize::MAX]), [1, 1]);
+    }
+}
