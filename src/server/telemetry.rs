@@ -251,13 +251,16 @@ impl ServerMetrics {
             .increment(1);
     }
 
-    /// A handler ran for `took` (until its response head).
-    #[cfg(feature = "metrics")]
-    fn handler_duration(&self, took: Duration) {
+    /// A handler that [`handler_started`] ended (gave its response head or failed),
+    /// timed with the `metrics` feature. Timed around the call that runs the handler,
+    /// not by a future wrapped around the handler's (which would be moved once more).
+    pub(crate) fn handler_ended(&self, started: Option<Stopwatch>) {
         #[cfg(feature = "metrics")]
-        self.handler_duration
-            .get_or_init(|| metrics::histogram!(telemetry::SERVER_HANDLER_DURATION))
-            .record(took.as_secs_f64());
+        if let Some(started) = started {
+            self.handler_duration
+                .get_or_init(|| metrics::histogram!(telemetry::SERVER_HANDLER_DURATION))
+                .record(started.elapsed().as_secs_f64());
+        }
     }
 
     /// A response of `len` bytes (the encoded record) was stored.
@@ -338,20 +341,10 @@ where
     })
 }
 
-/// Runs the handler's future `fut`, timing it for the handler-duration histogram of
-/// `metrics`.
-#[cfg(feature = "metrics")]
-pub(crate) async fn timed_handler<F: Future>(metrics: &ServerMetrics, fut: F) -> F::Output {
-    let started = Stopwatch::start();
-    let out = fut.await;
-    metrics.handler_duration(started.elapsed());
-    out
-}
-
-/// The handler's future `fut` as it is: without the `metrics` feature nothing times it.
-#[cfg(not(feature = "metrics"))]
-pub(crate) fn timed_handler<F: Future>(metrics: &ServerMetrics, fut: F) -> F {
-    fut
+/// The start of a handler's run, for [`ServerMetrics::handler_ended`]: a clock reading
+/// with the `metrics` feature, none without (then nothing is timed).
+pub(crate) fn handler_started() -> Option<Stopwatch> {
+    telemetry::METRICS.then(Stopwatch::start)
 }
 
 /// The store an engine is built with, and the same store observed ([`ObservedStore`]),
