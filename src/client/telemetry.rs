@@ -9,19 +9,17 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use futures_util::future::Either;
-
 use reqwest::{Request, Response};
 use tracing::field::Empty;
-use tracing::instrument::Instrumented;
-use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
-use tracing::{Instrument, Level, Span};
+use tracing::{Level, Span};
 
 use super::error::Error;
 use super::response::ResponseExt;
 use crate::IdempotencyKey;
 #[cfg(feature = "metrics")]
 use crate::telemetry;
+pub(super) use crate::telemetry::in_span;
+use crate::telemetry::observable;
 
 /// Why the loop waits before an attempt (`idemkey.wait_reason`, the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,34 +92,6 @@ impl ClientMetrics {
 
 /// The `outcome` of a call that was answered (any status).
 const RESPONSE: &str = "response";
-
-/// Whether anything could see a span at `level`: a `tracing` subscriber (as its level
-/// filter tells), or a `log` logger (tracing's `log` feature, which a dependency such as
-/// axum's default `tower-log` turns on, mirrors spans to the `log` crate when no
-/// subscriber is set, and only at or below `log`'s max level). When neither can, the
-/// client's spans are [`Span::none`]: nothing is built, entered or recorded, and the
-/// output is the same (none).
-fn observable(level: Level) -> bool {
-    let traced = level <= STATIC_MAX_LEVEL && level <= LevelFilter::current();
-    let logged = match level {
-        Level::ERROR => log::Level::Error,
-        Level::WARN => log::Level::Warn,
-        Level::INFO => log::Level::Info,
-        Level::DEBUG => log::Level::Debug,
-        _ => log::Level::Trace,
-    } <= log::max_level();
-    traced || logged
-}
-
-/// `future` under `span`, or alone when the span is [`Span::none`] (entering and leaving
-/// it on every poll would do nothing).
-pub(super) fn in_span<F: Future>(future: F, span: &Span) -> Either<F, Instrumented<F>> {
-    if span.is_none() {
-        Either::Left(future)
-    } else {
-        Either::Right(future.instrument(span.clone()))
-    }
-}
 
 /// The span of one logical call. Its fields are formatted only when a subscriber wants
 /// the span (the URL is copied, without its query, only then).

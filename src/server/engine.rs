@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::execution::{Execution, Lease, Recordings};
-use super::telemetry::{Decision, ObservedStore, ServerMetrics};
+use super::telemetry::{Decision, EngineStore, ServerMetrics};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
@@ -59,7 +59,7 @@ pub struct Engine {
 
 #[derive(Clone)]
 struct Config {
-    store: Arc<dyn Store>,
+    store: EngineStore,
     lease: Duration,
     renew_every: Duration,
     /// `renew_every` as set with [`EngineBuilder::renew_every`], kept for derived
@@ -254,7 +254,7 @@ impl Engine {
         let metrics = Arc::new(ServerMetrics::new(store.kind()));
         EngineBuilder {
             cfg: Config {
-                store: Arc::new(ObservedStore::new(store, Arc::clone(&metrics))),
+                store: EngineStore::new(store, Arc::clone(&metrics)),
                 metrics,
                 lease: DEFAULT_LEASE,
                 renew_every: DEFAULT_LEASE / 3,
@@ -279,13 +279,13 @@ impl Engine {
     /// The store records are kept in: for maintenance of your own, such as
     /// [`Store::sweep`] on your scheduler.
     ///
-    /// The engine calls its store through this `&dyn Store`, never through the
-    /// `Arc<dyn Store>` it holds: `Store` is implemented for `Arc<S>` too, and a method
-    /// called on the `Arc` would go through that forwarding impl, one more boxed future
-    /// per store operation.
+    /// The engine calls its store through this `&dyn Store`: the store itself, or,
+    /// with the `metrics` feature or when a `tracing` subscriber or a logger can see
+    /// the `idemkey.store` spans, the store observed (each operation timed in its span
+    /// and its metrics).
     #[must_use]
     pub fn store(&self) -> &dyn Store {
-        &*self.cfg.store
+        self.cfg.store.get()
     }
 
     /// The engine's metric handles (for the layer's own decisions and handler timing).
@@ -508,7 +508,8 @@ impl Engine {
     ) -> Result<(Claimed, Option<Duration>), ClaimError> {
         let token = FencingToken::random();
         let claim = self
-            .store()
+            .cfg
+            .store
             .claim(ClaimRequest {
                 id: &id,
                 fingerprint,
@@ -524,7 +525,7 @@ impl Engine {
                     tracing::info!(record = %id, "took over a key whose owner's lease expired");
                 }
                 let exec = Execution::new(
-                    Arc::clone(&self.cfg.store),
+                    self.cfg.store.clone(),
                     Lease {
                         length: self.cfg.lease,
                         renew_every: self.cfg.renew_every,

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::telemetry::{Ended, ServerMetrics};
-use crate::store::{FencingToken, RecordId, Store, StoreError, clamp_forever};
+use super::telemetry::{Ended, EngineStore, ServerMetrics};
+use crate::store::{FencingToken, RecordId, StoreError, clamp_forever};
 
 /// The first pause between two attempts to record an outcome; it doubles up to
 /// [`RECORD_RETRY_CAP`].
@@ -47,7 +47,7 @@ const RECORD_RETRY_CAP: Duration = Duration::from_secs(1);
 /// the recording ends ([`Engine::wait_for_recordings`](super::Engine::wait_for_recordings)
 /// before it exits).
 pub struct Execution {
-    store: Arc<dyn Store>,
+    store: EngineStore,
     lease: Lease,
     id: RecordId,
     token: FencingToken,
@@ -85,7 +85,7 @@ impl Execution {
         reason = "the engine's parts an execution keeps, one field each; only the engine calls it"
     )]
     pub(super) fn new(
-        store: Arc<dyn Store>,
+        store: EngineStore,
         lease: Lease,
         id: RecordId,
         token: FencingToken,
@@ -158,13 +158,13 @@ impl Execution {
     /// Renews the lease every third of it until the key is found taken over (then it
     /// returns) or the future is dropped.
     fn renewals(&self) -> impl Future<Output = ()> + Send + 'static {
-        let store = Arc::clone(&self.store);
+        let store = self.store.clone();
         let (id, token) = (self.id, self.token);
         let (lease, every) = (self.lease.length, self.lease.renew_every);
         async move {
             loop {
                 tokio::time::sleep(every).await;
-                match (*store).renew(&id, token, lease).await {
+                match store.get().renew(&id, token, lease).await {
                     Ok(()) => {}
                     Err(e) if e.is_fenced() => {
                         tracing::warn!(record = %id, "lease lost while running: another request took the key over");
@@ -246,7 +246,7 @@ impl Execution {
         // background recording needs (three shared counts touched by every request) are
         // made only when it is needed.
         let first = attempt(
-            &*self.store,
+            &self.store,
             &self.id,
             self.token,
             self.retention,
@@ -273,7 +273,7 @@ impl Execution {
 
     fn recorder(&self) -> Recorder {
         Recorder {
-            store: Arc::clone(&self.store),
+            store: self.store.clone(),
             id: self.id,
             token: self.token,
             retention: self.retention,
@@ -289,7 +289,7 @@ impl Execution {
     /// leave the key to its lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.done = true;
-        let result = (*self.store).release(&self.id, self.token).await;
+        let result = self.store.get().release(&self.id, self.token).await;
         ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
         result
     }
@@ -301,10 +301,10 @@ impl Drop for Execution {
             return;
         }
         self.metrics.execution(Ended::Abandoned);
-        let (store, id, token) = (Arc::clone(&self.store), self.id, self.token);
+        let (store, id, token) = (self.store.clone(), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = (*store).release(&id, token).await {
+                if let Err(e) = store.get().release(&id, token).await {
                     tracing::debug!(record = %id, error = %e, "release of an abandoned claim failed");
                 }
             });
@@ -413,7 +413,7 @@ impl Drop for Pending {
 
 /// What recording an outcome needs, owned, so that a background task can take it.
 struct Recorder {
-    store: Arc<dyn Store>,
+    store: EngineStore,
     id: RecordId,
     token: FencingToken,
     retention: Duration,
@@ -423,7 +423,7 @@ struct Recorder {
 
 /// One attempt to record `payload` as the outcome of the claim `token` holds on `id`.
 async fn attempt(
-    store: &dyn Store,
+    store: &EngineStore,
     id: &RecordId,
     token: FencingToken,
     retention: Duration,
@@ -440,7 +440,7 @@ async fn attempt(
 impl Recorder {
     async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
         attempt(
-            &*self.store,
+            &self.store,
             &self.id,
             self.token,
             self.retention,

@@ -16,14 +16,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::Either;
 use http::Method;
 use tracing::field::Empty;
-use tracing::{Instrument, Span};
+use tracing::{Instrument, Level, Span};
 
 use crate::store::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, Watch,
 };
-use crate::telemetry::{self, Stopwatch};
+use crate::telemetry::{self, Stopwatch, in_span, observable};
 
 /// What the verifier decided for a request: the `idemkey.decision` field of its span
 /// and the `decision` label of `idemkey_server_requests_total`.
@@ -96,10 +97,13 @@ impl Decision {
     }
 
     /// Records the decision: on the current span (the request's, where the layer opened
-    /// one) and in the requests counter of `metrics`.
+    /// one, which it does only when something can see it) and in the requests counter
+    /// of `metrics`.
     pub(crate) fn record(self, metrics: &ServerMetrics) {
         metrics.request(self);
-        Span::current().record("idemkey.decision", self.as_str());
+        if observable(Level::INFO) {
+            Span::current().record("idemkey.decision", self.as_str());
+        }
     }
 }
 
@@ -247,12 +251,16 @@ impl ServerMetrics {
             .increment(1);
     }
 
-    /// A handler ran for `took` (until its response head).
-    fn handler_duration(&self, took: Duration) {
+    /// A handler that [`handler_started`] ended (gave its response head or failed),
+    /// timed with the `metrics` feature. Timed around the call that runs the handler,
+    /// not by a future wrapped around the handler's (which would be moved once more).
+    pub(crate) fn handler_ended(&self, started: Option<Stopwatch>) {
         #[cfg(feature = "metrics")]
-        self.handler_duration
-            .get_or_init(|| metrics::histogram!(telemetry::SERVER_HANDLER_DURATION))
-            .record(took.as_secs_f64());
+        if let Some(started) = started {
+            self.handler_duration
+                .get_or_init(|| metrics::histogram!(telemetry::SERVER_HANDLER_DURATION))
+                .record(started.elapsed().as_secs_f64());
+        }
     }
 
     /// A response of `len` bytes (the encoded record) was stored.
@@ -288,13 +296,20 @@ impl ServerMetrics {
     }
 }
 
-/// Records the record id on the current span (formatted only if a subscriber wants it).
+/// Records the record id on the current span (formatted only if a subscriber wants it;
+/// the current span is not even looked up when nothing can see a span).
 pub(crate) fn record_id(id: &RecordId) {
-    Span::current().record("idemkey.record_id", tracing::field::display(id));
+    if observable(Level::INFO) {
+        Span::current().record("idemkey.record_id", tracing::field::display(id));
+    }
 }
 
-/// The span of one request through the layer.
+/// The span of one request through the layer: [`Span::none`] when nothing can see it
+/// (no subscriber whose level filter admits it, no logger).
 pub(crate) fn request_span(method: &Method) -> Span {
+    if !observable(Level::INFO) {
+        return Span::none();
+    }
     tracing::info_span!(
         target: "idemkey::server",
         "idemkey.request",
@@ -305,41 +320,108 @@ pub(crate) fn request_span(method: &Method) -> Span {
     )
 }
 
-/// Runs `fut` (the request's pipeline) in `span`, and records the answer's status on it.
-pub(crate) async fn in_request_span<B, E>(
+/// Runs `fut` (the request's pipeline) in `span`, and records the answer's status on it;
+/// `fut` itself, unwrapped, when the span is [`Span::none`].
+pub(crate) fn in_request_span<B, E, F>(
     span: Span,
-    fut: impl Future<Output = Result<http::Response<B>, E>>,
-) -> Result<http::Response<B>, E> {
-    let result = fut.instrument(span.clone()).await;
-    if let Ok(response) = &result {
-        span.record("http.response.status_code", response.status().as_u16());
+    fut: F,
+) -> Either<F, impl Future<Output = Result<http::Response<B>, E>>>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    if span.is_none() {
+        return Either::Left(fut);
     }
-    result
+    Either::Right(async move {
+        let result = fut.instrument(span.clone()).await;
+        if let Ok(response) = &result {
+            span.record("http.response.status_code", response.status().as_u16());
+        }
+        result
+    })
 }
 
-/// Runs the handler's future `fut`, timing it for the handler-duration histogram of
-/// `metrics` (the clock is read only with the `metrics` feature).
-pub(crate) async fn timed_handler<F: Future>(metrics: &ServerMetrics, fut: F) -> F::Output {
-    let started = telemetry::METRICS.then(Stopwatch::start);
-    let out = fut.await;
-    if let Some(started) = started {
-        metrics.handler_duration(started.elapsed());
-    }
-    out
+/// The start of a handler's run, for [`ServerMetrics::handler_ended`]: a clock reading
+/// with the `metrics` feature, none without (then nothing is timed).
+pub(crate) fn handler_started() -> Option<Stopwatch> {
+    telemetry::METRICS.then(Stopwatch::start)
 }
 
-/// The engine's store, observed: every operation runs in an `idemkey.store` span and
-/// feeds the store metrics. Wrapped once around the store an engine is built with, so
-/// no store has to do it.
-pub(crate) struct ObservedStore<S> {
-    inner: S,
+/// The store an engine is built with, and the same store observed ([`ObservedStore`]),
+/// chosen per operation ([`EngineStore::get`]): observed with the `metrics` feature or
+/// when something can see a store span, else the store itself, so an operation nobody
+/// observes costs no span, no wrapper future and no second boxed future.
+#[derive(Clone)]
+pub(crate) struct EngineStore(Arc<ObservedStore>);
+
+impl EngineStore {
+    /// `store`, observed when observable, feeding `metrics` (the engine's).
+    pub(crate) fn new(store: impl Store, metrics: Arc<ServerMetrics>) -> Self {
+        Self(Arc::new(ObservedStore {
+            inner: Box::new(store),
+            metrics,
+        }))
+    }
+
+    /// Whether store operations are observed now.
+    fn observed() -> bool {
+        telemetry::METRICS || observable(Level::DEBUG)
+    }
+
+    /// The store to run one operation on.
+    pub(crate) fn get(&self) -> &dyn Store {
+        if Self::observed() {
+            &*self.0
+        } else {
+            self.0.inner()
+        }
+    }
+
+    /// [`Store::claim`], observed as [`EngineStore::get`] would, without the observed
+    /// store's own boxed future (the claim and the complete are on every fresh
+    /// request's path).
+    pub(crate) fn claim<'a>(
+        &'a self,
+        req: ClaimRequest<'a>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a {
+        let fut = self.0.inner().claim(req);
+        if Self::observed() {
+            Either::Right(self.0.observe(Operation::Claim, fut))
+        } else {
+            Either::Left(fut)
+        }
+    }
+
+    /// [`Store::complete`], as [`EngineStore::claim`].
+    pub(crate) fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let fut = self.0.inner().complete(id, token, payload, retention);
+        if Self::observed() {
+            Either::Right(self.0.observe(Operation::Complete, fut))
+        } else {
+            Either::Left(fut)
+        }
+    }
+}
+
+/// The engine's store, observed: every operation runs in an `idemkey.store` span (when
+/// something can see it) and feeds the store metrics. Wrapped once around the store an
+/// engine is built with, so no store has to do it.
+struct ObservedStore {
+    inner: Box<dyn Store>,
     metrics: Arc<ServerMetrics>,
 }
 
-impl<S: Store> ObservedStore<S> {
-    /// `inner`, observed, feeding `metrics` (the engine's).
-    pub(crate) fn new(inner: S, metrics: Arc<ServerMetrics>) -> Self {
-        Self { inner, metrics }
+impl ObservedStore {
+    /// The store observed, called as itself (not through a forwarding impl for `Box`,
+    /// which would box each operation's future once more).
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     async fn observe<T>(
@@ -347,17 +429,20 @@ impl<S: Store> ObservedStore<S> {
         operation: Operation,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let kind = self.inner.kind();
-        let span = tracing::debug_span!(
-            target: "idemkey::store",
-            "idemkey.store",
-            idemkey.store.kind = kind,
-            idemkey.store.operation = operation.as_str(),
-            idemkey.store.duration_ms = Empty,
-            error.type = Empty,
-        );
+        let span = if observable(Level::DEBUG) {
+            tracing::debug_span!(
+                target: "idemkey::store",
+                "idemkey.store",
+                idemkey.store.kind = self.inner().kind(),
+                idemkey.store.operation = operation.as_str(),
+                idemkey.store.duration_ms = Empty,
+                error.type = Empty,
+            )
+        } else {
+            Span::none()
+        };
         let clock = (telemetry::METRICS || !span.is_disabled()).then(Stopwatch::start);
-        let result = fut.instrument(span.clone()).await;
+        let result = in_span(fut, &span).await;
         let error = result.as_ref().err().map(StoreError::kind_name);
         if let Some(start) = clock {
             let took = start.elapsed();
@@ -378,12 +463,13 @@ fn millis(d: Duration) -> f64 {
 }
 
 #[async_trait::async_trait]
-impl<S: Store> Store for ObservedStore<S> {
+impl Store for ObservedStore {
     fn kind(&self) -> &'static str {
-        self.inner.kind()
+        self.inner().kind()
     }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.observe(Operation::Claim, self.inner.claim(req)).await
+        self.observe(Operation::Claim, self.inner().claim(req))
+            .await
     }
     async fn complete(
         &self,
@@ -394,7 +480,7 @@ impl<S: Store> Store for ObservedStore<S> {
     ) -> Result<(), StoreError> {
         self.observe(
             Operation::Complete,
-            self.inner.complete(id, token, payload, retention),
+            self.inner().complete(id, token, payload, retention),
         )
         .await
     }
@@ -404,28 +490,28 @@ impl<S: Store> Store for ObservedStore<S> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        self.observe(Operation::Renew, self.inner.renew(id, token, lease))
+        self.observe(Operation::Renew, self.inner().renew(id, token, lease))
             .await
     }
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        self.observe(Operation::Release, self.inner.release(id, token))
+        self.observe(Operation::Release, self.inner().release(id, token))
             .await
     }
     async fn sweep(&self) -> Result<u64, StoreError> {
-        self.observe(Operation::Sweep, self.inner.sweep()).await
+        self.observe(Operation::Sweep, self.inner().sweep()).await
     }
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
-        self.observe(Operation::Inspect, self.inner.inspect(id))
+        self.observe(Operation::Inspect, self.inner().inspect(id))
             .await
     }
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
-        self.observe(Operation::ForceRelease, self.inner.force_release(id))
+        self.observe(Operation::ForceRelease, self.inner().force_release(id))
             .await
     }
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         self.observe(
             Operation::ListInProgress,
-            self.inner.list_in_progress(limit),
+            self.inner().list_in_progress(limit),
         )
         .await
     }
@@ -433,6 +519,6 @@ impl<S: Store> Store for ObservedStore<S> {
     // waits, not an operation with a duration. Without this line the trait's polling
     // default would hide the store's notifications from every waiting duplicate.
     async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
-        self.inner.watch(id).await
+        self.inner().watch(id).await
     }
 }

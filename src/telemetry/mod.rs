@@ -10,6 +10,15 @@
 
 use std::time::Duration;
 
+#[cfg(any(feature = "client", feature = "server"))]
+use futures_util::future::Either;
+#[cfg(any(feature = "client", feature = "server"))]
+use tracing::instrument::{Instrument, Instrumented};
+#[cfg(any(feature = "client", feature = "server"))]
+use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+#[cfg(any(feature = "client", feature = "server"))]
+use tracing::{Level, Span};
+
 /// `true` when the `metrics` feature is on: durations are measured for histograms only
 /// then (or when a span wants them).
 pub(crate) const METRICS: bool = cfg!(feature = "metrics");
@@ -65,6 +74,36 @@ impl Stopwatch {
     pub(crate) fn ready() {
         #[cfg(feature = "metrics")]
         clock();
+    }
+}
+
+/// Whether anything could see a span at `level`: a `tracing` subscriber (as its level
+/// filter tells), or a `log` logger (tracing's `log` feature, which a dependency such as
+/// axum's default `tower-log` or sqlx turns on, mirrors spans to the `log` crate when no
+/// subscriber is set, and only at or below `log`'s max level). When neither can, the
+/// client's and the verifier's spans are [`Span::none`]: nothing is built, entered or
+/// recorded, and the output is the same (none).
+#[cfg(any(feature = "client", feature = "server"))]
+pub(crate) fn observable(level: Level) -> bool {
+    let traced = level <= STATIC_MAX_LEVEL && level <= LevelFilter::current();
+    let logged = match level {
+        Level::ERROR => log::Level::Error,
+        Level::WARN => log::Level::Warn,
+        Level::INFO => log::Level::Info,
+        Level::DEBUG => log::Level::Debug,
+        _ => log::Level::Trace,
+    } <= log::max_level();
+    traced || logged
+}
+
+/// `future` under `span`, or alone when the span is [`Span::none`] (entering and leaving
+/// it on every poll would do nothing).
+#[cfg(any(feature = "client", feature = "server"))]
+pub(crate) fn in_span<F: Future>(future: F, span: &Span) -> Either<F, Instrumented<F>> {
+    if span.is_none() {
+        Either::Left(future)
+    } else {
+        Either::Right(future.instrument(span.clone()))
     }
 }
 

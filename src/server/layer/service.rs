@@ -275,13 +275,10 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let resp = match exec
-        .run(telemetry::timed_handler(
-            cfg.engine.metrics(),
-            inner.call(req),
-        ))
-        .await
-    {
+    let started = telemetry::handler_started();
+    let resp = exec.run(inner.call(req)).await;
+    cfg.engine.metrics().handler_ended(started);
+    let resp = match resp {
         Ok(r) => r,
         Err(e) => {
             tee::settle(exec.release().await, "release");
