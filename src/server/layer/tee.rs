@@ -222,26 +222,18 @@ impl Inner {
             } else {
                 &self.kept
             };
-            let (trailers, deny) = (self.trailers.as_ref(), &self.cfg.deny[..]);
-            let payload = match head {
-                Some(head) => {
-                    let kept = stored_response::Storable::new(head, deny);
-                    stored_response::encode_record(
-                        self.status,
-                        || kept.iter(),
-                        body,
-                        trailers,
-                        deny,
-                    )
-                }
-                None => stored_response::encode_record(
-                    self.status,
-                    || self.headers.iter(),
-                    body,
-                    trailers,
-                    deny,
-                ),
-            };
+            // A response read whole is recorded from its own head, filtered in place; one
+            // that streamed, from the storable headers `stream` copied out (filtering
+            // those again keeps them all).
+            let deny = &self.cfg.deny[..];
+            let kept = stored_response::Storable::new(head.unwrap_or(&self.headers), deny);
+            let payload = stored_response::encode_record(
+                self.status,
+                || kept.iter(),
+                body,
+                self.trailers.as_ref(),
+                deny,
+            );
             self.kept = Vec::new();
             payload
         };
