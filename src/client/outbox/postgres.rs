@@ -1,6 +1,5 @@
 //! The shared durable journal on PostgreSQL.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,9 @@ use super::sql::{
     DEFAULT_TABLE, OperationRow, OutcomeRow, Statements, bind_operation, bind_outcome,
     decode_operation, enqueue_on, table_name, unavailable,
 };
-use super::writer::{Backend, Reply, Write, Writer, answered, journal_over_writer, rounds};
+use super::writer::{
+    Backend, Reply, RoundRows, Write, Writer, answered, journal_over_writer, rounds,
+};
 
 /// A durable journal in a PostgreSQL table (feature `outbox-postgres`), for
 /// applications whose instances share their outbox, or whose own data lives in
@@ -210,7 +211,7 @@ async fn run_rounds(
 ) -> Result<Vec<Reply>, sqlx::Error> {
     let mut answers: Vec<Option<Reply>> = batch.iter().map(|_| None).collect();
     for round in rounds(batch) {
-        let mut existing = Vec::new();
+        let mut rows = RoundRows::default();
         if !round.enqueues.is_empty() {
             let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
                 statements.insert_many(Some(1), round.enqueues.len(), ""),
@@ -218,14 +219,7 @@ async fn run_rounds(
             for (_, op) in &round.enqueues {
                 q = bind_operation!(q, OperationRow::new(op));
             }
-            let inserted: HashSet<String> = q.fetch_all(&mut *conn).await?.into_iter().collect();
-            for (i, op) in &round.enqueues {
-                if inserted.contains(&op.id) {
-                    answers[*i] = Some(Reply::Enqueued(Enqueued::Inserted));
-                } else {
-                    existing.push((*i, op.id.as_str()));
-                }
-            }
+            rows.inserted = q.fetch_all(&mut *conn).await?.into_iter().collect();
         }
         if !round.attempts.is_empty() {
             let mut q = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(
@@ -234,14 +228,7 @@ async fn run_rounds(
             for (_, id) in &round.attempts {
                 q = q.bind(*id);
             }
-            let counts: HashMap<String, i64> = q.fetch_all(&mut *conn).await?.into_iter().collect();
-            for (i, id) in &round.attempts {
-                answers[*i] = Some(Reply::Attempts(
-                    counts
-                        .get(*id)
-                        .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
-                ));
-            }
+            rows.attempts = q.fetch_all(&mut *conn).await?.into_iter().collect();
         }
         if !round.completes.is_empty() {
             let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(
@@ -250,11 +237,14 @@ async fn run_rounds(
             for (_, id, outcome) in &round.completes {
                 q = bind_outcome!(q, *id, OutcomeRow::new(outcome));
             }
-            let done: HashSet<String> = q.fetch_all(&mut *conn).await?.into_iter().collect();
-            for (i, id, _) in &round.completes {
-                answers[*i] = Some(Reply::Completed(done.contains(*id)));
-            }
+            rows.completed = q.fetch_all(&mut *conn).await?.into_iter().collect();
         }
+        let existing: Vec<&str> = round
+            .enqueues
+            .iter()
+            .map(|(_, op)| op.id.as_str())
+            .filter(|id| !rows.inserted.contains(*id))
+            .collect();
         if !existing.is_empty() {
             // Read within the round: what a write alone in queue order would see.
             let mut q = sqlx::query(sqlx::AssertSqlSafe(statements.get_many(
@@ -262,25 +252,16 @@ async fn run_rounds(
                 existing.len(),
                 "",
             )));
-            for (_, id) in &existing {
+            for id in &existing {
                 q = q.bind(*id);
             }
-            let mut found = HashMap::new();
             for row in q.fetch_all(&mut *conn).await? {
                 let op = decode_operation(&row);
                 let id: String = sqlx::Row::try_get(&row, "id")?;
-                found.insert(id, op);
-            }
-            for (i, id) in existing {
-                answers[i] = Some(match found.remove(id) {
-                    Some(Ok(op)) => Reply::Enqueued(Enqueued::Existing(Box::new(op))),
-                    Some(Err(e)) => Reply::Failed(e),
-                    None => Reply::Failed(JournalError::corrupt(format!(
-                        "outbox journal: operation {id:?} exists and cannot be read"
-                    ))),
-                });
+                rows.existing.insert(id, op);
             }
         }
+        round.answer(rows, &mut answers);
     }
     Ok(answered(answers))
 }

@@ -1,6 +1,5 @@
 //! The embedded durable journal on SQLite, with group commit.
 
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,8 @@ use super::sql::{
     decode_operation, enqueue_on, table_name, unavailable,
 };
 use super::writer::{
-    Backend, MAX_BATCH, Reply, Round, Write, Writer, answered, journal_over_writer, rounds,
+    Backend, MAX_BATCH, Reply, Round, RoundRows, Write, Writer, answered, journal_over_writer,
+    rounds,
 };
 
 /// A durable journal in one SQLite file (feature `outbox-sqlite`): the embedded
@@ -282,15 +282,6 @@ fn script(sql: &Statements, rounds: &[Round<'_>]) -> String {
     script
 }
 
-/// What the rows of one round said.
-#[derive(Default)]
-struct RoundRows {
-    existing: HashMap<String, Result<Operation, JournalError>>,
-    inserted: HashSet<String>,
-    attempts: HashMap<String, i64>,
-    completed: HashSet<String>,
-}
-
 /// The answer to each write of the batch whose script returned `rows` (committed).
 fn answers(rounds: &[Round<'_>], len: usize, rows: &[SqliteRow]) -> Vec<Reply> {
     let mut seen: Vec<RoundRows> = rounds.iter().map(|_| RoundRows::default()).collect();
@@ -324,31 +315,8 @@ fn answers(rounds: &[Round<'_>], len: usize, rows: &[SqliteRow]) -> Vec<Reply> {
         }
     }
     let mut answers: Vec<Option<Reply>> = (0..len).map(|_| None).collect();
-    for (round, seen) in rounds.iter().zip(&mut seen) {
-        for (i, op) in &round.enqueues {
-            answers[*i] = Some(if seen.inserted.contains(&op.id) {
-                Reply::Enqueued(Enqueued::Inserted)
-            } else {
-                match seen.existing.remove(&op.id) {
-                    Some(Ok(found)) => Reply::Enqueued(Enqueued::Existing(Box::new(found))),
-                    Some(Err(e)) => Reply::Failed(e),
-                    None => Reply::Failed(JournalError::corrupt(format!(
-                        "outbox journal: operation {:?} was neither inserted nor found",
-                        op.id
-                    ))),
-                }
-            });
-        }
-        for (i, id) in &round.attempts {
-            answers[*i] = Some(Reply::Attempts(
-                seen.attempts
-                    .get(*id)
-                    .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
-            ));
-        }
-        for (i, id, _) in &round.completes {
-            answers[*i] = Some(Reply::Completed(seen.completed.contains(*id)));
-        }
+    for (round, rows) in rounds.iter().zip(seen) {
+        round.answer(rows, &mut answers);
     }
     answered(answers)
 }

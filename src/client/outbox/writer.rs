@@ -112,6 +112,51 @@ pub(crate) fn rounds(batch: &[Write]) -> Vec<Round<'_>> {
     rounds
 }
 
+/// What the database said of one round's writes, by operation id.
+#[derive(Default)]
+pub(crate) struct RoundRows {
+    /// Enqueued operations whose id existed before the round, as stored (or why they
+    /// could not be read).
+    pub(crate) existing: HashMap<String, Result<Operation, JournalError>>,
+    /// Enqueued operations inserted by the round.
+    pub(crate) inserted: HashSet<String>,
+    /// Attempts so far of the operations whose attempt began.
+    pub(crate) attempts: HashMap<String, i64>,
+    /// Operations whose outcome was recorded.
+    pub(crate) completed: HashSet<String>,
+}
+
+impl Round<'_> {
+    /// Answers each write of this round (at its position in `answers`) from what the
+    /// database said of it.
+    pub(crate) fn answer(&self, mut rows: RoundRows, answers: &mut [Option<Reply>]) {
+        for (i, op) in &self.enqueues {
+            answers[*i] = Some(if rows.inserted.contains(&op.id) {
+                Reply::Enqueued(Enqueued::Inserted)
+            } else {
+                match rows.existing.remove(&op.id) {
+                    Some(Ok(found)) => Reply::Enqueued(Enqueued::Existing(Box::new(found))),
+                    Some(Err(e)) => Reply::Failed(e),
+                    None => Reply::Failed(JournalError::corrupt(format!(
+                        "outbox journal: operation {:?} was neither inserted nor found",
+                        op.id
+                    ))),
+                }
+            });
+        }
+        for (i, id) in &self.attempts {
+            answers[*i] = Some(Reply::Attempts(
+                rows.attempts
+                    .get(*id)
+                    .map(|n| u32::try_from(*n).unwrap_or(u32::MAX)),
+            ));
+        }
+        for (i, id, _) in &self.completes {
+            answers[*i] = Some(Reply::Completed(rows.completed.contains(*id)));
+        }
+    }
+}
+
 /// The answers to a batch's writes, one per write, from what its rounds filled in (a
 /// write left without one is answered with an error, never silently).
 pub(crate) fn answered(answers: Vec<Option<Reply>>) -> Vec<Reply> {
