@@ -93,6 +93,8 @@ struct Args {
     proxy: Option<String>,
     against: Option<std::path::PathBuf>,
     store: Option<String>,
+    /// `--serve`: be the server process instead.
+    serve: bool,
     drive: Option<SocketAddr>,
     requests: u64,
     workload: Workload,
@@ -134,6 +136,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         proxy: None,
         against: None,
         store: None,
+        serve: false,
         drive: None,
         requests: 1000,
         workload: Workload::Fresh,
@@ -162,6 +165,7 @@ fn parse_args() -> Result<Option<Args>, String> {
                     .ok_or(format!("--against needs a path; {USAGE}"))?;
                 args.against = Some(path.into());
             }
+            "--serve" => args.serve = true,
             "--store" => {
                 args.store = Some(it.next().ok_or(format!("--store needs a URL; {USAGE}"))?)
             }
@@ -196,9 +200,6 @@ fn parse_args() -> Result<Option<Args>, String> {
 }
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() == Some("--serve") {
-        return serve();
-    }
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => {
@@ -210,6 +211,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.serve {
+        return serve(args.store);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads)
         .enable_all()
@@ -228,16 +232,7 @@ fn main() -> ExitCode {
 
 /// The server process: the bare app and the verified app on two free ports, printed as
 /// `BARE ADDR` and `VERIFIED ADDR` on stdout.
-fn serve() -> ExitCode {
-    let mut args = std::env::args().skip(2);
-    let store = match (args.next().as_deref(), args.next()) {
-        (None, _) => None,
-        (Some("--store"), Some(url)) => Some(url),
-        _ => {
-            eprintln!("usage: load --serve [--store URL]");
-            return ExitCode::from(2);
-        }
-    };
+fn serve(store: Option<String>) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build();
