@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use charges::{Charges, Mode, Verdict};
-use futures_util::StreamExt;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -75,12 +74,8 @@ async fn consume(
     let mut messages = consumer.messages().await?;
     let mut acked = 0;
     loop {
-        let next = match idle_exit {
-            Some(idle) => match tokio::time::timeout(idle, messages.next()).await {
-                Ok(next) => next,
-                Err(_) => return Ok(()),
-            },
-            None => messages.next().await,
+        let Some(next) = charges::next_unless_idle(&mut messages, idle_exit).await else {
+            return Ok(());
         };
         let Some(msg) = next else {
             return Err("the JetStream consumer ended".into());

@@ -20,7 +20,6 @@ mod telemetry;
 use std::time::{Duration, Instant};
 
 use charges::{Charges, Mode, Verdict};
-use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -72,12 +71,8 @@ async fn consume(
         .await?;
     let mut acked = 0;
     loop {
-        let next = match idle_exit {
-            Some(idle) => match tokio::time::timeout(idle, deliveries.next()).await {
-                Ok(next) => next,
-                Err(_) => return Ok(()),
-            },
-            None => deliveries.next().await,
+        let Some(next) = charges::next_unless_idle(&mut deliveries, idle_exit).await else {
+            return Ok(());
         };
         let Some(delivery) = next else {
             return Err("the RabbitMQ consumer was cancelled".into());

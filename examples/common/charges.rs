@@ -17,11 +17,24 @@
 
 use std::time::Duration;
 
+use futures_util::{Stream, StreamExt};
 use idemkey::IdempotencyKey;
 use idemkey::fingerprint::Fingerprint;
 use idemkey::server::{Engine, OnceError};
 use idemkey::store::PostgresStore;
 use sqlx::{Connection, PgConnection, PgPool};
+
+/// The next delivery of `deliveries`, waiting at most `idle` for it (forever when
+/// `None`); `None` when none came that long (the consumer's idle exit).
+pub(crate) async fn next_unless_idle<S: Stream + Unpin>(
+    deliveries: &mut S,
+    idle: Option<Duration>,
+) -> Option<Option<S::Item>> {
+    match idle {
+        Some(idle) => tokio::time::timeout(idle, deliveries.next()).await.ok(),
+        None => Some(deliveries.next().await),
+    }
+}
 
 /// How a message is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
