@@ -7,15 +7,18 @@
 //! ```
 //!
 //! It starts a server process of its own (this program with `--serve`) that serves the
-//! charge app of `examples/common/charge_app.rs` twice, on two ports: `POST /v1/charges`
-//! bare, and behind `IdempotencyLayer` over the memory store. Then it drives, for each
-//! round, three workloads of `--seconds` each over `--connections` keep-alive HTTP/1.1
-//! connections:
+//! charge app of `examples/common/charge_app.rs` three times, on three ports:
+//! `POST /v1/charges` bare, behind `IdempotencyLayer` over the memory store, and behind
+//! the floor verifier of `examples/common/floor.rs` (the least work any verifier must do:
+//! hash key and scope, fingerprint the body, claim and complete a record in a concurrent
+//! map, keep a copy of the answer). Then it drives, for each round, five workloads of
+//! `--seconds` each over `--connections` keep-alive HTTP/1.1 connections:
 //!
 //! - `bare`: the handler without the verifier;
 //! - `fresh`: the verifier, a new key per request (claim, run, store, every time);
 //! - `replay`: the verifier, one key per connection (the first request runs, every later
-//!   one is a replay).
+//!   one is a replay);
+//! - `floor-fresh` and `floor-replay`: the same two against the floor verifier.
 //!
 //! - `proxied` (with `--proxy`, the path of a built `idemkey` binary): the bare handler
 //!   behind `idemkey proxy` (memory store, a new key per request), started as a process
@@ -31,7 +34,9 @@
 //!
 //! It prints requests per second per round and workload, then the ratios against
 //! `bare` of the same rounds (totals over all rounds), for example
-//! `fresh/bare 0.62  replay/bare 0.95`.
+//! `fresh/bare 0.62  replay/bare 0.95`, the floor's (`floor fresh/bare 0.70  floor
+//! replay/bare 0.97`) and idemkey's against the floor (`fresh/floor 0.89  replay/floor
+//! 0.98`).
 //!
 //! With `--against PATH`, it compares two builds instead: PATH is this program built
 //! another way (for example without idemkey's `metrics` feature), started as a second
@@ -43,9 +48,9 @@
 //!
 //! With `--drive ADDR --requests N --workload bare|fresh|replay`, it sends N requests one
 //! after another over one keep-alive connection to a server already serving at ADDR
-//! (`load --serve`, which prints `BARE ADDR` and `VERIFIED ADDR`, for example under
-//! `valgrind --tool=callgrind`; `bare` goes to the first, `fresh` and `replay` to the
-//! second): instructions per request without a timed window. Each driver process sends
+//! (`load --serve`, which prints `BARE ADDR`, `VERIFIED ADDR` and `FLOOR ADDR`, for
+//! example under `valgrind --tool=callgrind`; `bare` goes to the first, `fresh` and
+//! `replay` to the second or the third): instructions per request without a timed window. Each driver process sends
 //! keys of its own, so a first drive can warm the server up (then
 //! `callgrind_control --zero`) and a second one be measured alone.
 #![allow(
@@ -70,18 +75,21 @@ use tokio::net::{TcpListener, TcpStream};
 
 #[path = "common/charge_app.rs"]
 mod charge_app;
+#[path = "common/floor.rs"]
+mod floor;
 #[path = "common/metrics.rs"]
 mod metrics;
 use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
             [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load] [--store URL]
-       load --drive ADDR --requests N --workload bare|fresh|replay
+       load --drive ADDR --requests N --workload bare|fresh|replay|floor-fresh|floor-replay
        load --serve [--store URL]
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
   (and behind `idemkey proxy` with --proxy); with --against, this build's verifier
   against PATH's (this program built another way); with --drive, N sequential requests
-  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED otherwise)";
+  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED or FLOOR
+  otherwise)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -105,14 +113,18 @@ enum Workload {
     Bare,
     Fresh,
     Replay,
+    FloorFresh,
+    FloorReplay,
     Proxied,
 }
 
 impl Workload {
-    const ALL: [Workload; 4] = [
+    const ALL: [Workload; 6] = [
         Workload::Bare,
         Workload::Fresh,
         Workload::Replay,
+        Workload::FloorFresh,
+        Workload::FloorReplay,
         Workload::Proxied,
     ];
 
@@ -121,6 +133,8 @@ impl Workload {
             Workload::Bare => "bare",
             Workload::Fresh => "fresh",
             Workload::Replay => "replay",
+            Workload::FloorFresh => "floor-fresh",
+            Workload::FloorReplay => "floor-replay",
             Workload::Proxied => "proxied",
         }
     }
@@ -184,9 +198,11 @@ fn parse_args() -> Result<Option<Args>, String> {
                     Some("bare") => Workload::Bare,
                     Some("fresh") => Workload::Fresh,
                     Some("replay") => Workload::Replay,
+                    Some("floor-fresh") => Workload::FloorFresh,
+                    Some("floor-replay") => Workload::FloorReplay,
                     other => {
                         return Err(format!(
-                            "--workload {}: use bare, fresh or replay",
+                            "--workload {}: use bare, fresh, replay, floor-fresh or floor-replay",
                             other.unwrap_or("(missing)")
                         ));
                     }
@@ -231,7 +247,9 @@ fn main() -> ExitCode {
 }
 
 /// The server process: the bare app and the verified app on two free ports, printed as
-/// `BARE ADDR` and `VERIFIED ADDR` on stdout.
+/// `BARE ADDR`, `FLOOR ADDR` and `VERIFIED ADDR` on stdout (the floor verifier's line
+/// before the verifier's, so that `--against` a build from before the floor still
+/// reads).
 fn serve(store: Option<String>) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -253,21 +271,26 @@ fn serve(store: Option<String>) -> ExitCode {
             };
             let verified = app.router(IdempotencyLayer::new(engine));
             let bare = app.bare_router();
-            let bare_listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .map_err(|e| e.to_string())?;
-            let verified_listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .map_err(|e| e.to_string())?;
+            let floor = app.bare_router().layer(floor::FloorLayer::new());
+            let listen = async || {
+                TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            let (bare_listener, floor_listener) = (listen().await?, listen().await?);
+            let verified_listener = listen().await?;
             let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
-            // The driver reads these two lines to know where to connect.
+            // The driver reads these lines to know where to connect.
             println!("BARE {}", addr(&bare_listener)?);
+            println!("FLOOR {}", addr(&floor_listener)?);
             println!("VERIFIED {}", addr(&verified_listener)?);
             let bare = tokio::spawn(async move { axum::serve(bare_listener, bare).await });
+            let floor = tokio::spawn(async move { axum::serve(floor_listener, floor).await });
             axum::serve(verified_listener, verified)
                 .await
                 .map_err(|e| e.to_string())?;
             bare.abort();
+            floor.abort();
             Ok::<(), String>(())
         })
     });
@@ -280,12 +303,20 @@ fn serve(store: Option<String>) -> ExitCode {
     }
 }
 
+/// Where a server process of `exe --serve` listens.
+struct Addrs {
+    bare: SocketAddr,
+    /// `None` from a build that has no floor verifier (an older one, with `--against`).
+    floor: Option<SocketAddr>,
+    verified: SocketAddr,
+}
+
 /// A server process of `exe --serve` (over the store at `store`, the memory store
-/// without), and its bare and verified addresses.
+/// without), and its addresses.
 async fn start_server(
     exe: &std::path::Path,
     store: Option<&str>,
-) -> Result<(tokio::process::Child, SocketAddr, SocketAddr), String> {
+) -> Result<(tokio::process::Child, Addrs), String> {
     let mut server = tokio::process::Command::new(exe)
         .arg("--serve")
         .args(store.map(|url| ["--store", url]).into_iter().flatten())
@@ -298,19 +329,37 @@ async fn start_server(
         .take()
         .ok_or("the server process has no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let mut addr_of = async |label: &str| -> Result<SocketAddr, String> {
-        let line = lines
+    let mut next = async || -> Result<String, String> {
+        lines
             .next_line()
             .await
             .map_err(|e| e.to_string())?
-            .ok_or("the server process exited before it was listening")?;
+            .ok_or_else(|| "the server process exited before it was listening".to_owned())
+    };
+    let addr_of = |label: &str, line: &str| -> Result<SocketAddr, String> {
         line.strip_prefix(label)
             .and_then(|a| a.trim().parse().ok())
             .ok_or(format!("unexpected line from the server process: {line}"))
     };
-    let bare = addr_of("BARE").await?;
-    let verified = addr_of("VERIFIED").await?;
-    Ok((server, bare, verified))
+    let bare = addr_of("BARE", &next().await?)?;
+    let mut line = next().await?;
+    let floor = match line.starts_with("FLOOR") {
+        true => {
+            let floor = addr_of("FLOOR", &line)?;
+            line = next().await?;
+            Some(floor)
+        }
+        false => None,
+    };
+    let verified = addr_of("VERIFIED", &line)?;
+    Ok((
+        server,
+        Addrs {
+            bare,
+            floor,
+            verified,
+        },
+    ))
 }
 
 async fn drive(args: Args) -> Result<(), String> {
@@ -345,11 +394,10 @@ async fn drive(args: Args) -> Result<(), String> {
         return Ok(());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let (mut server, bare, verified) = start_server(&exe, args.store.as_deref()).await?;
+    let (mut server, addrs) = start_server(&exe, args.store.as_deref()).await?;
     if let Some(other) = &args.against {
-        let (mut other_server, _, other_verified) =
-            start_server(other, args.store.as_deref()).await?;
-        let result = compare(&args, verified, other_verified, &body).await;
+        let (mut other_server, other) = start_server(other, args.store.as_deref()).await?;
+        let result = compare(&args, addrs.verified, other.verified, &body).await;
         server.kill().await.map_err(|e| e.to_string())?;
         other_server.kill().await.map_err(|e| e.to_string())?;
         return result;
@@ -358,7 +406,7 @@ async fn drive(args: Args) -> Result<(), String> {
     if let Some(bin) = &args.proxy {
         let mut child = tokio::process::Command::new(bin)
             .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
-            .arg(format!("http://{bare}"))
+            .arg(format!("http://{}", addrs.bare))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -382,28 +430,73 @@ async fn drive(args: Args) -> Result<(), String> {
         "{} round(s) of {} s per workload, {} connections, {} client threads, handler delay {} ms",
         args.rounds, args.seconds, args.connections, args.threads, args.delay_ms
     );
-    let mut totals = [0u64; 4];
+    let floor = addrs
+        .floor
+        .ok_or("the server process serves no floor verifier")?;
+    let mut totals = [0u64; Workload::ALL.len()];
+    // The server process's CPU time and the requests answered, per workload (not the
+    // proxy's: it is a process of its own).
+    let mut cpu = [(0u64, 0u64); Workload::ALL.len()];
+    let server_pid = server.id();
     for round in 1..=args.rounds {
         for (i, workload) in Workload::ALL.into_iter().enumerate() {
             let addr = match (workload, &proxy) {
-                (Workload::Bare, _) => bare,
+                (Workload::Bare, _) => addrs.bare,
+                (Workload::Fresh | Workload::Replay, _) => addrs.verified,
+                (Workload::FloorFresh | Workload::FloorReplay, _) => floor,
                 (Workload::Proxied, Some((_, addr))) => *addr,
                 (Workload::Proxied, None) => continue,
-                _ => verified,
             };
-            let done = run(workload, addr, args.connections, seconds, round, &body).await?;
+            let before = server_pid.and_then(cpu_micros);
+            let (done, answered) =
+                run(workload, addr, args.connections, seconds, round, &body).await?;
+            let used = before.zip(server_pid.and_then(cpu_micros));
             totals[i] += done;
+            let per_request = used.map(|(a, b)| {
+                cpu[i].0 += b - a;
+                cpu[i].1 += answered;
+                format!(
+                    ", server CPU {:.2} us/req",
+                    (b - a) as f64 / answered.max(1) as f64
+                )
+            });
             println!(
-                "round {round} {:>6}: {:>9.0} req/s",
+                "round {round} {:>12}: {:>9.0} req/s{}",
                 workload.name(),
-                done as f64 / seconds.as_secs_f64()
+                done as f64 / seconds.as_secs_f64(),
+                per_request.unwrap_or_default()
             );
         }
     }
-    let ratio = |i: usize| totals[i] as f64 / totals[0].max(1) as f64;
-    println!("fresh/bare {:.2}  replay/bare {:.2}", ratio(1), ratio(2));
+    let ratio = |i: usize, of: usize| totals[i] as f64 / totals[of].max(1) as f64;
+    println!(
+        "fresh/bare {:.2}  replay/bare {:.2}",
+        ratio(1, 0),
+        ratio(2, 0)
+    );
+    println!(
+        "floor fresh/bare {:.2}  floor replay/bare {:.2}",
+        ratio(3, 0),
+        ratio(4, 0)
+    );
+    println!(
+        "fresh/floor {:.2}  replay/floor {:.2}",
+        ratio(1, 3),
+        ratio(2, 4)
+    );
+    if cpu[0].1 > 0 {
+        let per = |i: usize| cpu[i].0 as f64 / cpu[i].1.max(1) as f64;
+        println!(
+            "server CPU per request (us): bare {:.2}  fresh {:.2}  replay {:.2}  floor-fresh {:.2}  floor-replay {:.2}",
+            per(0),
+            per(1),
+            per(2),
+            per(3),
+            per(4)
+        );
+    }
     if let Some((mut child, _)) = proxy {
-        println!("proxied/bare {:.2}", ratio(3));
+        println!("proxied/bare {:.2}", ratio(5, 0));
         child.kill().await.map_err(|e| e.to_string())?;
     }
     server.kill().await.map_err(|e| e.to_string())?;
@@ -430,7 +523,7 @@ async fn compare(
         for (w, workload) in [Workload::Fresh, Workload::Replay].into_iter().enumerate() {
             for build in builds {
                 let addr = [this, other][build];
-                let done = run(workload, addr, args.connections, seconds, round, body).await?;
+                let (done, _) = run(workload, addr, args.connections, seconds, round, body).await?;
                 totals[w][build] += done;
                 println!(
                     "round {round} {:>6} {:>5}: {:>9.0} req/s",
@@ -451,7 +544,8 @@ async fn compare(
 }
 
 /// Runs one workload for `length` over `connections` connections; returns the number of
-/// requests answered 200.
+/// requests answered 200 within `length` (those answered after it prorated away), and
+/// the number answered in all.
 async fn run(
     workload: Workload,
     addr: SocketAddr,
@@ -459,7 +553,7 @@ async fn run(
     length: Duration,
     round: u32,
     body: &Bytes,
-) -> Result<u64, String> {
+) -> Result<(u64, u64), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(connections);
@@ -478,7 +572,26 @@ async fn run(
     let elapsed = started.elapsed();
     // Requests answered after the window closed are not counted against a longer time.
     let n = done.load(Ordering::Relaxed);
-    Ok((n as f64 * length.as_secs_f64() / elapsed.as_secs_f64()) as u64)
+    Ok((
+        (n as f64 * length.as_secs_f64() / elapsed.as_secs_f64()) as u64,
+        n,
+    ))
+}
+
+/// The CPU time the process `pid` has used so far (user and system, all its threads), in
+/// microseconds; `None` where `/proc` does not tell (not Linux).
+///
+/// `/proc/PID/stat` counts in clock ticks of `USER_HZ`, which Linux fixes at 100 per
+/// second for user space on every architecture it runs on.
+fn cpu_micros(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces:
+    // the state is the first of them, utime the 12th and stime the 13th.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) * 10_000)
 }
 
 /// Sends requests over one connection until `stop` or `limit` requests.
@@ -508,10 +621,10 @@ async fn connection(
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) && n < limit {
         let key = match workload {
-            Workload::Bare | Workload::Fresh | Workload::Proxied => {
+            Workload::Bare | Workload::Fresh | Workload::FloorFresh | Workload::Proxied => {
                 format!("{run:x}.{round}-c{conn}-{n}")
             }
-            Workload::Replay => format!("{run:x}.{round}-c{conn}"),
+            Workload::Replay | Workload::FloorReplay => format!("{run:x}.{round}-c{conn}"),
         };
         let req = Request::builder()
             .method(Method::POST)
