@@ -220,8 +220,11 @@ fn get_fields(b: &mut Bytes) -> Result<HeaderMap, String> {
         if b.remaining() < nlen + 4 {
             return Err(short());
         }
-        let name = HeaderName::from_bytes(&b.split_to(nlen))
+        // Parsed from the record's bytes in place: a name is copied into its own
+        // storage (or is a standard one), so no shared handle on the record is needed.
+        let name = HeaderName::from_bytes(&b[..nlen])
             .map_err(|_| "invalid header name in record".to_owned())?;
+        b.advance(nlen);
         let vlen = b.get_u32() as usize;
         if b.remaining() < vlen {
             return Err(short());
