@@ -1,14 +1,16 @@
 //! A claimed key: the operation runs while its lease is renewed, then its outcome is
 //! recorded (at once, or in the background through a store outage) or the key released.
 
+use std::borrow::BorrowMut;
 use std::fmt;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -136,23 +138,22 @@ impl Execution {
     /// Drives `fut` to completion while renewing the lease every third of it. If a
     /// renewal finds the key taken over, renewing stops and [`Execution::is_lost`]
     /// turns `true`; `fut` still runs to its end.
-    pub async fn run<F: Future>(&mut self, fut: F) -> F::Output {
-        let mut fut = pin!(fut);
-        // Most handlers answer in their first poll; only arm the renewal timer for those
-        // that wait (arming one costs a timer registration and often a driver wake-up).
-        let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-        if let Poll::Ready(out) = first {
-            return out;
+    pub fn run<F: Future>(&mut self, fut: F) -> impl Future<Output = F::Output> {
+        Run {
+            exec: Some(self),
+            fut,
+            renew: None,
         }
-        if !self.lost {
-            let renew = self.renewals();
-            tokio::select! {
-                biased;
-                out = &mut fut => return out,
-                () = renew => self.lost = true,
-            }
+        .map(|(_, out)| out)
+    }
+
+    /// [`Execution::run`] for an execution the future owns, handed back with the output.
+    pub(crate) fn run_owned<F: Future>(self, fut: F) -> Run<Self, F> {
+        Run {
+            exec: Some(self),
+            fut,
+            renew: None,
         }
-        fut.await
     }
 
     /// Renews the lease every third of it until the key is found taken over (then it
@@ -240,35 +241,44 @@ impl Execution {
     /// [`StoreError::is_fenced`] when the key was taken over, and any error other than
     /// unavailability, from the first attempt. Errors of the background attempts are
     /// logged and returned by [`Recording::wait`].
-    pub async fn complete_or_defer(mut self, payload: Bytes) -> Result<Completion, StoreError> {
-        self.done = true;
-        // The first attempt borrows this execution's parts: the owned copies a
-        // background recording needs (three shared counts touched by every request) are
-        // made only when it is needed.
-        let first = attempt(
-            &self.store,
-            &self.id,
-            self.token,
-            self.retention,
-            &self.metrics,
-            &payload,
-        );
-        let result = match first.await {
-            Ok(()) => Ok(Completion::Recorded),
-            Err(e) if e.is_unavailable() => {
-                tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
-                Ok(Completion::Deferred(self.recorder().spawn(payload, Err(e))))
-            }
-            Err(e) => Err(e),
-        };
-        ended(
-            &self.metrics,
-            result.as_ref().map(|c| match c {
-                Completion::Recorded => Ended::Recorded,
-                Completion::Deferred(_) => Ended::Deferred,
-            }),
-        );
-        result
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an `async` block holds `self` and `payload` once; an `async fn` keeps a second copy"
+    )]
+    pub fn complete_or_defer(
+        mut self,
+        payload: Bytes,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
+        async move {
+            self.done = true;
+            // The first attempt borrows this execution's parts: the owned copies a
+            // background recording needs (three shared counts touched by every request) are
+            // made only when it is needed.
+            let first = attempt(
+                &self.store,
+                &self.id,
+                self.token,
+                self.retention,
+                &self.metrics,
+                &payload,
+            );
+            let result = match first.await {
+                Ok(()) => Ok(Completion::Recorded),
+                Err(e) if e.is_unavailable() => {
+                    tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
+                    Ok(Completion::Deferred(self.recorder().spawn(payload, Err(e))))
+                }
+                Err(e) => Err(e),
+            };
+            ended(
+                &self.metrics,
+                result.as_ref().map(|c| match c {
+                    Completion::Recorded => Ended::Recorded,
+                    Completion::Deferred(_) => Ended::Deferred,
+                }),
+            );
+            result
+        }
     }
 
     fn recorder(&self) -> Recorder {
@@ -287,11 +297,17 @@ impl Execution {
     /// # Errors
     /// [`StoreError::is_fenced`] when the key was already taken over; other store errors
     /// leave the key to its lease.
-    pub async fn release(mut self) -> Result<(), StoreError> {
-        self.done = true;
-        let result = self.store.get().release(&self.id, self.token).await;
-        ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
-        result
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an `async` block holds `self` once; an `async fn` keeps a second copy"
+    )]
+    pub fn release(mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            self.done = true;
+            let result = self.store.get().release(&self.id, self.token).await;
+            ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
+            result
+        }
     }
 }
 
@@ -319,6 +335,49 @@ fn ended(metrics: &ServerMetrics, result: Result<Ended, &StoreError>) {
         Err(e) if e.is_fenced() => Ended::Fenced,
         Err(_) => Ended::Failed,
     });
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Execution::run`] and [`Execution::run_owned`]: the handler's future
+    /// polled in place, the lease renewals made (and boxed) only once it has waited; it
+    /// hands back the execution (`E`: borrowed or owned) with the handler's output. A
+    /// future of its own rather than an `async fn`, which held the handler's future twice
+    /// (its argument, and pinned), and every request's execution is boxed.
+    pub(crate) struct Run<E, F> {
+        exec: Option<E>,
+        #[pin]
+        fut: F,
+        renew: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    }
+}
+
+impl<E: BorrowMut<Execution>, F: Future> Future for Run<E, F> {
+    type Output = (E, F::Output);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(exec) = this.exec.as_mut() else {
+            return Poll::Pending; // polled again after it was ready
+        };
+        // Most handlers answer in their first poll; only arm the renewal timer for those
+        // that wait (arming one costs a timer registration and often a driver wake-up).
+        if let Poll::Ready(out) = this.fut.poll(cx) {
+            return match this.exec.take() {
+                Some(exec) => Poll::Ready((exec, out)),
+                None => Poll::Pending,
+            };
+        }
+        let exec = exec.borrow_mut();
+        if !exec.lost {
+            let renew = this.renew.get_or_insert_with(|| Box::pin(exec.renewals()));
+            if renew.as_mut().poll(cx).is_ready() {
+                // Taken over: renewing stops, the handler runs on to its end.
+                exec.lost = true;
+                *this.renew = None;
+            }
+        }
+        Poll::Pending
+    }
 }
 
 /// Renews a lease in the background while it lives ([`Execution::renew_in_background`]).
@@ -422,19 +481,25 @@ struct Recorder {
 }
 
 /// One attempt to record `payload` as the outcome of the claim `token` holds on `id`.
-async fn attempt(
-    store: &EngineStore,
-    id: &RecordId,
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an `async` block holds the arguments once; an `async fn` keeps a second copy"
+)]
+fn attempt<'a>(
+    store: &'a EngineStore,
+    id: &'a RecordId,
     token: FencingToken,
     retention: Duration,
-    metrics: &ServerMetrics,
-    payload: &Bytes,
-) -> Result<(), StoreError> {
-    let result = store.complete(id, token, payload.clone(), retention).await;
-    if result.is_ok() {
-        metrics.stored_bytes(payload.len());
+    metrics: &'a ServerMetrics,
+    payload: &'a Bytes,
+) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+    async move {
+        let result = store.complete(id, token, payload.clone(), retention).await;
+        if result.is_ok() {
+            metrics.stored_bytes(payload.len());
+        }
+        result
     }
-    result
 }
 
 impl Recorder {

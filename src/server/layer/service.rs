@@ -1,10 +1,13 @@
 //! [`Idempotency`], the service: the pipeline every request goes through.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
+use futures_util::future::Either;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
@@ -96,20 +99,31 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let span = telemetry::request_span(req.method());
-        ResponseFuture::new(telemetry::in_request_span(
-            span,
-            handle(self.cfg.clone(), inner, req),
-        ))
+        let (parts, body) = req.into_parts();
+        let pipeline = handle(self.cfg.clone(), inner, parts, body);
+        if span.is_none() {
+            ResponseFuture::new(pipeline)
+        } else {
+            ResponseFuture::new(telemetry::in_request_span(span, pipeline))
+        }
     }
 }
 
 /// The pipeline: requirement, body, key, scope, fingerprint, claim, then the handler
 /// (or the answer that stands for it).
-async fn handle<S, B, ResB>(
+///
+/// The request comes in parts: the future keeps what it is called with for its whole
+/// life, so a whole `Request` taken apart inside would be held twice.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an `async` block holds the arguments once; an `async fn` keeps a second copy of each in its future"
+)]
+fn handle<S, B, ResB>(
     cfg: Arc<Config>,
     mut inner: S,
-    req: Request<B>,
-) -> Result<Response<ResponseBody>, S::Error>
+    parts: Parts,
+    body: B,
+) -> impl Future<Output = Result<Response<ResponseBody>, S::Error>>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -119,63 +133,64 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    let (parts, body) = req.into_parts();
-    let requirement = (cfg.requirement)(&parts);
-    if requirement == KeyRequirement::Off {
-        Decision::Unkeyed.record(cfg.engine.metrics());
-        let req = Request::from_parts(parts, RequestBody::passthrough(body));
-        return Ok(inner.call(req).await?.map(ResponseBody::wrap));
-    }
-
-    // A gRPC call gets the layer's own answers as gRPC statuses.
-    let grpc = grpc::is_grpc(&parts.headers);
-    // A key (and scope) judged from the head alone is answered before the body is read.
-    let head = match judge_head(&cfg, &parts, requirement) {
-        Ok(head) => head,
-        Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
-    };
-    let bytes = match read_body(&cfg, &parts, body).await {
-        Ok(b) => b,
-        Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
-    };
-    let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
-        Ok(Some(found)) => found,
-        Ok(None) => {
+    async move {
+        let requirement = (cfg.requirement)(&parts);
+        if requirement == KeyRequirement::Off {
             Decision::Unkeyed.record(cfg.engine.metrics());
-            let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+            let req = Request::from_parts(parts, RequestBody::passthrough(body));
             return Ok(inner.call(req).await?.map(ResponseBody::wrap));
         }
-        Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
-    };
-    let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
-    let claimed = match cfg.in_progress {
-        InProgressPolicy::Reject => cfg.engine.claim(&scope, &key, &fingerprint).await,
-        InProgressPolicy::Wait(up_to) => {
-            cfg.engine
-                .claim_or_wait(&scope, &key, &fingerprint, up_to)
-                .await
+
+        // A gRPC call gets the layer's own answers as gRPC statuses.
+        let grpc = grpc::is_grpc(&parts.headers);
+        // A key (and scope) judged from the head alone is answered before the body is read.
+        let head = match judge_head(&cfg, &parts, requirement) {
+            Ok(head) => head,
+            Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
+        };
+        let bytes = match read_body(&cfg, &parts, body).await {
+            Ok(b) => b,
+            Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
+        };
+        let (key, scope) = match identify(&cfg, &parts, &bytes, requirement, head) {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                Decision::Unkeyed.record(cfg.engine.metrics());
+                let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+                return Ok(inner.call(req).await?.map(ResponseBody::wrap));
+            }
+            Err(rejection) => return Ok(rejected(&cfg, rejection, grpc)),
+        };
+        let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
+        let claimed = match cfg.in_progress {
+            InProgressPolicy::Reject => cfg.engine.claim(&scope, &key, &fingerprint).await,
+            // Boxed: waiting for a duplicate to settle makes the largest future of the
+            // pipeline, and only this policy's requests should pay for it.
+            InProgressPolicy::Wait(up_to) => {
+                Box::pin(cfg.engine.claim_or_wait(&scope, &key, &fingerprint, up_to)).await
+            }
+        };
+        let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+        match claimed {
+            Ok(Claimed::Execute(exec)) => {
+                // Polled in place; if the caller goes away (hyper drops this future), the
+                // rest moves to a spawned task, so the handler still finishes and its
+                // outcome is recorded.
+                DetachOnDrop::new(execute(cfg, inner, req, exec, grpc)).await
+            }
+            Ok(Claimed::Replay(payload)) => {
+                Ok(
+                    stored_response::replay(payload, cfg.stored_response_limit, cfg.replay_header)
+                        .unwrap_or_else(|r| r.answer(grpc)),
+                )
+            }
+            Ok(Claimed::Unguarded) => Ok(inner.call(req).await?.map(ResponseBody::wrap)),
+            Ok(Claimed::InProgress { retry_after }) => {
+                Ok(Rejection::in_progress(retry_after).answer(grpc))
+            }
+            Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).answer(grpc)),
+            Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).answer(grpc)),
         }
-    };
-    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-    match claimed {
-        Ok(Claimed::Execute(exec)) => {
-            // Polled in place; if the caller goes away (hyper drops this future), the
-            // rest moves to a spawned task, so the handler still finishes and its
-            // outcome is recorded.
-            DetachOnDrop::new(execute(cfg, inner, req, exec, grpc)).await
-        }
-        Ok(Claimed::Replay(payload)) => {
-            Ok(
-                stored_response::replay(payload, cfg.stored_response_limit, cfg.replay_header)
-                    .unwrap_or_else(|r| r.answer(grpc)),
-            )
-        }
-        Ok(Claimed::Unguarded) => Ok(inner.call(req).await?.map(ResponseBody::wrap)),
-        Ok(Claimed::InProgress { retry_after }) => {
-            Ok(Rejection::in_progress(retry_after).answer(grpc))
-        }
-        Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).answer(grpc)),
-        Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).answer(grpc)),
     }
 }
 
@@ -263,56 +278,109 @@ where
 /// Runs the claimed handler, then records its response or releases the key: at once
 /// for a body that is all there, while it streams to the caller for one that is not
 /// (see `tee.rs`).
-async fn execute<S, B, ResB>(
+///
+/// Two futures one after the other (the handler's run, then the recording) rather than
+/// one `async` block: a block keeps room for what it was called with (the request, the
+/// execution) beside everything it later holds, and this future is boxed per request.
+fn execute<S, B, ResB>(
     cfg: Arc<Config>,
     mut inner: S,
     req: Request<RequestBody<B>>,
-    mut exec: Execution,
+    exec: Execution,
     grpc_call: bool,
-) -> Result<Response<ResponseBody>, S::Error>
+) -> impl Future<Output = Result<Response<ResponseBody>, S::Error>>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
     let started = telemetry::handler_started();
-    let resp = exec.run(inner.call(req)).await;
-    cfg.engine.metrics().handler_ended(started);
-    let resp = match resp {
-        Ok(r) => r,
-        Err(e) => {
+    exec.run_owned(inner.call(req)).then(move |(exec, resp)| {
+        cfg.engine.metrics().handler_ended(started);
+        match resp {
+            Ok(resp) => {
+                let (parts, body) = resp.into_parts();
+                Either::Left(record(cfg, exec, parts, body, grpc_call))
+            }
+            Err(e) => Either::Right(exec.release().map(|released| {
+                tee::settle(released, "release");
+                Err(e)
+            })),
+        }
+    })
+}
+
+/// What [`record`] does once the response was read ahead (and the tee let go).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a value inside one future for one step: boxing the common case would add an allocation per request"
+)]
+enum Next {
+    /// Record (or release) the outcome, then answer with the body read whole.
+    Settle(Option<tee::Settle>, (Bytes, Option<http::HeaderMap>)),
+    /// The response body failed: release the key, then answer with the failure.
+    Fail(tee::BoxFuture, BoxError),
+}
+
+/// What follows the handler's answer (see [`execute`]).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an `async` block holds the arguments once; an `async fn` keeps a second copy of each in its future"
+)]
+///
+/// What is held across more than one wait takes room in every state of the future, so
+/// the tee is dropped before the wait that follows it.
+fn record<ResB, E>(
+    cfg: Arc<Config>,
+    exec: Execution,
+    parts: http::response::Parts,
+    body: ResB,
+    grpc_call: bool,
+) -> impl Future<Output = Result<Response<ResponseBody>, E>>
+where
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    async move {
+        // A gRPC answer is judged by its `grpc-status` once its body ended; its HTTP status
+        // is always 200.
+        let grpc = grpc_call && grpc::is_grpc(&parts.headers);
+        if !grpc && cfg.policy.decide(parts.status) == Outcome::Release {
             tee::settle(exec.release().await, "release");
-            return Err(e);
+            return Ok(Response::from_parts(parts, ResponseBody::wrap(body)));
         }
-    };
-    let (parts, body) = resp.into_parts();
-    // A gRPC answer is judged by its `grpc-status` once its body ended; its HTTP status
-    // is always 200.
-    let grpc = grpc_call && grpc::is_grpc(&parts.headers);
-    if !grpc && cfg.policy.decide(parts.status) == Outcome::Release {
-        tee::settle(exec.release().await, "release");
-        return Ok(Response::from_parts(parts, ResponseBody::wrap(body)));
-    }
-    let mut tee = tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc);
-    match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
-        Prefetch::Ended => {
-            tee::settle_now(tee.settlement(Some(&parts.headers))).await;
-            let (bytes, trailers) = tee.into_full();
-            Ok(Response::from_parts(
-                parts,
-                ResponseBody::full_with_trailers(bytes, trailers),
-            ))
-        }
-        Prefetch::Failed(e) => {
-            tee.fail().await;
-            Ok(Rejection::response_failed(e).answer(grpc_call))
-        }
-        Prefetch::Stream => {
-            tee.stream(&parts);
-            Ok(Response::from_parts(
-                parts,
-                ResponseBody::wrap(Tee::new(tee)),
-            ))
+        // The tee is borrowed while the response is read ahead, so its room is kept
+        // until its scope ends: it ends before the next wait.
+        let next = {
+            let mut tee = tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc);
+            match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
+                // Read whole: the record is made from the read-ahead, then the body is
+                // taken out of it for the caller.
+                Prefetch::Ended => {
+                    Next::Settle(tee.settlement(Some(&parts.headers)), tee.into_full())
+                }
+                Prefetch::Failed(e) => Next::Fail(tee.fail(), e),
+                Prefetch::Stream => {
+                    tee.stream(&parts);
+                    return Ok(Response::from_parts(
+                        parts,
+                        ResponseBody::wrap(Tee::new(tee)),
+                    ));
+                }
+            }
+        };
+        match next {
+            Next::Settle(settle, (bytes, trailers)) => {
+                tee::settle_now(settle).await;
+                Ok(Response::from_parts(
+                    parts,
+                    ResponseBody::full_with_trailers(bytes, trailers),
+                ))
+            }
+            Next::Fail(failing, e) => {
+                failing.await;
+                Ok(Rejection::response_failed(e).answer(grpc_call))
+            }
         }
     }
 }

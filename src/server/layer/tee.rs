@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt as _;
+use futures_util::future::Either;
 use http::response::Parts;
 use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -32,7 +34,7 @@ use crate::server::policy::Outcome;
 use crate::server::stored_response;
 use crate::store::StoreError;
 
-type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(super) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What [`Inner::prefetch`] found.
 pub(super) enum Prefetch {
@@ -438,22 +440,30 @@ pub(super) enum Settle {
 }
 
 /// Settles the outcome; nothing when it was settled already.
-pub(super) async fn settle_now(outcome: Option<Settle>) {
+///
+/// The store's future itself, mapped, rather than an `async fn` around it, which would
+/// keep a second copy of `outcome` in a future that every fresh request's execution
+/// holds.
+pub(super) fn settle_now(outcome: Option<Settle>) -> impl Future<Output = ()> + Send {
     match outcome {
-        Some(Settle::Release(exec)) => settle(exec.release().await, "release"),
-        Some(Settle::Record(exec, payload)) => record_outcome(exec, payload).await,
-        None => {}
+        Some(Settle::Release(exec)) => {
+            Either::Left(exec.release().map(|result| settle(result, "release")))
+        }
+        Some(Settle::Record(exec, payload)) => {
+            Either::Right(Either::Left(record_outcome(exec, payload)))
+        }
+        None => Either::Right(Either::Right(std::future::ready(()))),
     }
 }
 
 /// Records the outcome before the caller is answered when the store answers; through a
 /// store outage, in the background (the spawned task owns the outcome and logs how it
 /// ends), so that the caller is not held for as long as the outage lasts.
-pub(super) async fn record_outcome(exec: Execution, payload: Bytes) {
-    match exec.complete_or_defer(payload).await {
+pub(super) fn record_outcome(exec: Execution, payload: Bytes) -> impl Future<Output = ()> + Send {
+    exec.complete_or_defer(payload).map(|result| match result {
         Ok(Completion::Recorded | Completion::Deferred(_)) => {}
         Err(e) => settle(Err(e), "complete"),
-    }
+    })
 }
 
 /// Logs how settling a key went.
