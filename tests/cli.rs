@@ -413,6 +413,10 @@ async fn proxy_serves_its_decisions_at_metrics() {
             answer.headers().contains_key("idempotent-replayed"),
             expected_replay
         );
+        // The whole answer before the retry: an answer that streams (the upstream's body
+        // not there at the first read) is recorded as it ends, and a retry sent on its
+        // head alone would rightly find it still in progress (409).
+        answer.bytes().await.expect("the charge's body");
     }
     assert_eq!(upstream.executions().await, 1);
     let page = client
