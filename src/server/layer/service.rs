@@ -310,18 +310,6 @@ where
     })
 }
 
-/// What [`record`] does once the response was read ahead (and the tee let go).
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a value inside one future for one step: boxing the common case would add an allocation per request"
-)]
-enum Next {
-    /// Record (or release) the outcome, then answer with the body read whole.
-    Settle(Option<tee::Settle>, (Bytes, Option<http::HeaderMap>)),
-    /// The response body failed: release the key, then answer with the failure.
-    Fail(tee::BoxFuture, BoxError),
-}
-
 /// What follows the handler's answer (see [`execute`]).
 #[allow(
     clippy::manual_async_fn,
@@ -349,17 +337,32 @@ where
             tee::settle(exec.release().await, "release");
             return Ok(Response::from_parts(parts, ResponseBody::wrap(body)));
         }
-        // The tee is borrowed while the response is read ahead, so its room is kept
-        // until its scope ends: it ends before the next wait.
-        let next = {
-            let mut tee = tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc);
+        // One wait after the read-ahead for either outcome, and the tee (borrowed while
+        // it reads ahead) out of scope by then: a future keeps room for what is in
+        // scope at each wait, and what is in scope at two waits takes room in all.
+        let (settling, answer) = {
+            // Boxed: inline, it made the execution's future, boxed per request, larger
+            // than the sizes glibc serves from its per-thread cache; a streamed body
+            // keeps this box.
+            let mut tee = Box::new(tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc));
             match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
                 // Read whole: the record is made from the read-ahead, then the body is
-                // taken out of it for the caller.
+                // taken out of it for the caller, who is answered once it is recorded.
                 Prefetch::Ended => {
-                    Next::Settle(tee.settlement(Some(&parts.headers)), tee.into_full())
+                    let settle = tee.settlement(Some(&parts.headers));
+                    let (bytes, trailers) = tee.into_full();
+                    (
+                        Either::Left(tee::settle_now(settle)),
+                        Response::from_parts(
+                            parts,
+                            ResponseBody::full_with_trailers(bytes, trailers),
+                        ),
+                    )
                 }
-                Prefetch::Failed(e) => Next::Fail(tee.fail(), e),
+                Prefetch::Failed(e) => (
+                    Either::Right(tee.fail()),
+                    Rejection::response_failed(e).answer(grpc_call),
+                ),
                 Prefetch::Stream => {
                     tee.stream(&parts);
                     return Ok(Response::from_parts(
@@ -369,18 +372,7 @@ where
                 }
             }
         };
-        match next {
-            Next::Settle(settle, (bytes, trailers)) => {
-                tee::settle_now(settle).await;
-                Ok(Response::from_parts(
-                    parts,
-                    ResponseBody::full_with_trailers(bytes, trailers),
-                ))
-            }
-            Next::Fail(failing, e) => {
-                failing.await;
-                Ok(Rejection::response_failed(e).answer(grpc_call))
-            }
-        }
+        settling.await;
+        Ok(answer)
     }
 }

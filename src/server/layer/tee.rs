@@ -313,10 +313,9 @@ pub(super) struct Tee {
 }
 
 impl Tee {
-    pub(super) fn new(inner: Inner) -> Self {
-        Self {
-            inner: Some(Box::new(inner)),
-        }
+    /// The body that streams `inner` (boxed by its maker, which reads ahead through it).
+    pub(super) fn new(inner: Box<Inner>) -> Self {
+        Self { inner: Some(inner) }
     }
 }
 
