@@ -266,7 +266,7 @@ impl RetryMiddleware {
         started: SystemTime,
         deadline: Option<Instant>,
         key: Option<&IdempotencyKey>,
-    ) -> Result<PlannedWait, Last> {
+    ) -> Plan {
         let Some((wait, asked)) = policy::next_wait(
             &*self.policy,
             result.as_ref().ok(),
@@ -274,12 +274,12 @@ impl RetryMiddleware {
             attempt - 1,
             self.retry_after_cap,
         ) else {
-            return Err(Last::Answer(result, class));
+            return Plan::Stop(Last::Answer(result, class));
         };
         // A wait that ends at or past the deadline (or past what an `Instant` can
         // hold) is not worth starting.
         if deadline.is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at)) {
-            return Err(Last::Answer(result, class));
+            return Plan::Stop(Last::Answer(result, class));
         }
         let mut spent = None;
         if let Some(budget) = &self.budget {
@@ -292,7 +292,7 @@ impl RetryMiddleware {
                 Some(s) => spent = Some(s),
                 None => {
                     telemetry::budget_exhausted(&self.metrics);
-                    return Err(Last::BudgetExhausted(result));
+                    return Plan::Stop(Last::BudgetExhausted(result));
                 }
             }
         }
@@ -314,7 +314,7 @@ impl RetryMiddleware {
             key = key.map(IdempotencyKey::as_str),
             "retrying with the same idempotency key"
         );
-        Ok(PlannedWait {
+        Plan::Wait(PlannedWait {
             wait,
             reason,
             spent,
@@ -411,8 +411,8 @@ impl RetryMiddleware {
                     deadline,
                     key.as_ref(),
                 ) {
-                    Ok(planned) => planned,
-                    Err(last) => break last,
+                    Plan::Wait(planned) => planned,
+                    Plan::Stop(last) => break last,
                 };
                 if let Some(s) = wait.spent {
                     spent = Some(s);
@@ -505,6 +505,13 @@ impl Middleware for RetryMiddleware {
             }
         }
     }
+}
+
+/// What [`RetryMiddleware::plan_retry`] decided: wait and retry, or stop with this last
+/// answer.
+enum Plan {
+    Wait(PlannedWait),
+    Stop(Last),
 }
 
 /// The wait before a retry ([`RetryMiddleware::plan_retry`]): how long, why, and what
