@@ -374,9 +374,9 @@ impl RetryMiddleware {
                     (Some(at), _) => Some((at, true)),
                     (None, at) => at.map(|at| (at, false)),
                 };
-                // Boxed: inline, the timer saves an allocation but costs more than it
-                // (measured: +260 instructions per request; the loop's future, boxed per
-                // request, grows to 1,008 bytes, near the 1,032 glibc's thread cache serves).
+                // Boxed: inline, the timer saves an allocation but showed no gain
+                // (measured: -126 instructions per request, +49 instruction-cache misses;
+                // BENCHMARKS.md, section `client`).
                 let result = match timer {
                     Some((at, own)) => match Box::pin(tokio::time::timeout_at(at, run)).await {
                         Ok(result) => result,
