@@ -17,6 +17,7 @@ use reqwest_middleware::{Middleware, Next};
 use reqwest_retry::{Retryable, RetryableStrategy};
 use retry_policies::RetryPolicy;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 pub use self::budget::RetryBudget;
 use self::budget::Spent;
@@ -248,6 +249,78 @@ impl RetryMiddleware {
         }
     }
 
+    /// After an answer [`wants_retry`](Self::wants_retry) would retry: the wait before
+    /// the next attempt (the answer dropped), or the loop's last answer when the policy,
+    /// the deadline or the budget says stop.
+    ///
+    /// Out of line and cold: most calls are answered at once, and this code inside the
+    /// loop's future would sit among the lines every call runs through (instruction
+    /// cache misses, not instructions, are most of what the stack costs in time).
+    #[cold]
+    #[inline(never)]
+    fn plan_retry(
+        &self,
+        result: reqwest_middleware::Result<Response>,
+        class: Class,
+        attempt: u32,
+        started: SystemTime,
+        deadline: Option<Instant>,
+        key: Option<&IdempotencyKey>,
+    ) -> Plan {
+        let Some((wait, asked)) = policy::next_wait(
+            &*self.policy,
+            result.as_ref().ok(),
+            started,
+            attempt - 1,
+            self.retry_after_cap,
+        ) else {
+            return Plan::Stop(Last::Answer(result, class));
+        };
+        // A wait that ends at or past the deadline (or past what an `Instant` can
+        // hold) is not worth starting.
+        if deadline.is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at)) {
+            return Plan::Stop(Last::Answer(result, class));
+        }
+        let mut spent = None;
+        if let Some(budget) = &self.budget {
+            let after_timeout = match &result {
+                Err(reqwest_middleware::Error::Reqwest(e)) => e.is_timeout(),
+                Err(e) => AttemptTimedOut::is(e),
+                Ok(_) => false,
+            };
+            match budget.try_spend(after_timeout) {
+                Some(s) => spent = Some(s),
+                None => {
+                    telemetry::budget_exhausted(&self.metrics);
+                    return Plan::Stop(Last::BudgetExhausted(result));
+                }
+            }
+        }
+        let reason = match &result {
+            _ if asked => WaitReason::RetryAfter,
+            Ok(r)
+                if retry_after::should_retry(r.headers(), self.profile.should_retry_headers())
+                    == Some(true) =>
+            {
+                WaitReason::Hint
+            }
+            _ => WaitReason::Backoff,
+        };
+        telemetry::retry_wait(&self.metrics, reason, wait);
+        tracing::debug!(
+            attempt,
+            ?wait,
+            reason = reason.as_str(),
+            key = key.map(IdempotencyKey::as_str),
+            "retrying with the same idempotency key"
+        );
+        Plan::Wait(PlannedWait {
+            wait,
+            reason,
+            spent,
+        })
+    }
+
     /// Sends the logical request: the attempts, the waits, the typed result.
     ///
     /// An `async` block rather than an `async fn`: the future holds the arguments once
@@ -295,19 +368,22 @@ impl RetryMiddleware {
                     .attempt_timeout
                     .and_then(|t| now.checked_add(t))
                     .filter(|at| deadline.is_none_or(|d| *at < d));
-                // Boxed: inline, the timer saves an allocation but costs more than it
-                // (measured: +260 instructions per request; the loop's future, boxed per
-                // request, grows to 1,008 bytes, near the 1,032 glibc's thread cache serves).
-                let result = match (attempt_ends, deadline) {
-                    (Some(at), _) => match Box::pin(tokio::time::timeout_at(at, run)).await {
+                // One timer, and one place that awaits it: the attempt's own end, else the
+                // deadline.
+                let timer = match (attempt_ends, deadline) {
+                    (Some(at), _) => Some((at, true)),
+                    (None, at) => at.map(|at| (at, false)),
+                };
+                // Boxed: inline, the timer saves an allocation but showed no gain
+                // (measured: -126 instructions per request, +49 instruction-cache misses;
+                // BENCHMARKS.md, section `client`).
+                let result = match timer {
+                    Some((at, own)) => match Box::pin(tokio::time::timeout_at(at, run)).await {
                         Ok(result) => result,
-                        Err(_) => Err(AttemptTimedOut::error(self.attempt_timeout, attempt)),
-                    },
-                    (None, Some(at)) => match Box::pin(tokio::time::timeout_at(at, run)).await {
-                        Ok(result) => result,
+                        Err(_) if own => Err(AttemptTimedOut::error(self.attempt_timeout, attempt)),
                         Err(_) => break Last::DeadlinePassed,
                     },
-                    (None, None) => run.await,
+                    None => run.await,
                 };
                 telemetry::attempt_answered(&span, &result);
                 sent |= !outcome::never_left(&result);
@@ -327,59 +403,22 @@ impl RetryMiddleware {
                 if single_shot || !self.wants_retry(&result, class) {
                     break Last::Answer(result, class);
                 }
-                let Some((wait, asked)) = policy::next_wait(
-                    &*self.policy,
-                    result.as_ref().ok(),
-                    started,
-                    attempt - 1,
-                    self.retry_after_cap,
-                ) else {
-                    break Last::Answer(result, class);
-                };
-                // A wait that ends at or past the deadline (or past what an `Instant` can
-                // hold) is not worth starting.
-                if deadline
-                    .is_some_and(|at| Instant::now().checked_add(wait).is_none_or(|t| t >= at))
-                {
-                    break Last::Answer(result, class);
-                }
-                if let Some(budget) = &self.budget {
-                    let after_timeout = match &result {
-                        Err(reqwest_middleware::Error::Reqwest(e)) => e.is_timeout(),
-                        Err(e) => AttemptTimedOut::is(e),
-                        Ok(_) => false,
-                    };
-                    match budget.try_spend(after_timeout) {
-                        Some(s) => spent = Some(s),
-                        None => {
-                            telemetry::budget_exhausted(&self.metrics);
-                            break Last::BudgetExhausted(result);
-                        }
-                    }
-                }
-                let reason = match &result {
-                    _ if asked => WaitReason::RetryAfter,
-                    Ok(r)
-                        if retry_after::should_retry(
-                            r.headers(),
-                            self.profile.should_retry_headers(),
-                        ) == Some(true) =>
-                    {
-                        WaitReason::Hint
-                    }
-                    _ => WaitReason::Backoff,
-                };
-                telemetry::retry_wait(&self.metrics, reason, wait);
-                waited = Some((wait, reason));
-                tracing::debug!(
+                let wait = match self.plan_retry(
+                    result,
+                    class,
                     attempt,
-                    ?wait,
-                    reason = reason.as_str(),
-                    key = key.as_ref().map(IdempotencyKey::as_str),
-                    "retrying with the same idempotency key"
-                );
-                drop(result);
-                Box::pin(tokio::time::sleep(wait)).await;
+                    started,
+                    deadline,
+                    key.as_ref(),
+                ) {
+                    Plan::Wait(planned) => planned,
+                    Plan::Stop(last) => break last,
+                };
+                if let Some(s) = wait.spent {
+                    spent = Some(s);
+                }
+                waited = Some((wait.wait, wait.reason));
+                Box::pin(tokio::time::sleep(wait.wait)).await;
             };
             if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last) {
                 if r.status().as_u16() < 400 {
@@ -412,7 +451,11 @@ impl Middleware for RetryMiddleware {
             Ok(resolved) => resolved,
             Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
         };
-        let key = resolved.as_ref().map(|r| r.key.clone());
+        // The key moves out of `resolved` (no second handle on it to count up and down).
+        let (key, random, placed_header) = match resolved {
+            Some(r) => (Some(r.key), r.random, r.placed_header),
+            None => (None, false, false),
+        };
         let replayable = req.body().is_none_or(|b| b.as_bytes().is_some());
         if let (Some(key), false) = (&key, replayable) {
             let err = Error::new(Kind::BodyNotReplayable { key: key.clone() }, 0, None);
@@ -424,10 +467,7 @@ impl Middleware for RetryMiddleware {
         let request = if single_shot {
             Outgoing::Once(Some(req))
         } else {
-            let own_key = resolved
-                .as_ref()
-                .filter(|r| r.placed_header)
-                .and_then(|_| self.keys.header_name());
+            let own_key = self.keys.header_name().filter(|_| placed_header);
             match Resend::new(req, own_key) {
                 Some(resend) => Outgoing::Copies(resend),
                 None => return Box::pin(std::future::ready(Err(body_lost(key)))),
@@ -437,24 +477,49 @@ impl Middleware for RetryMiddleware {
         let now = Instant::now();
         let deadline = self.deadline.and_then(|d| now.checked_add(d));
         let span = telemetry::call_span(request.request(), key.as_ref());
-        match (&self.flights, resolved) {
-            (Some(flights), Some(resolved)) if !resolved.random => {
+        // Each future is boxed as it is, or instrumented when its span is wanted: not
+        // wrapped in an `Either` of both, which would be a larger box, built by one more
+        // move of the (about 1 KB) loop future.
+        match (&self.flights, &key) {
+            (Some(flights), Some(flight_key)) if !random => {
                 let identity = Identity::of(request.request());
-                Box::pin(telemetry::in_span(
-                    flights.run(resolved.key, identity, deadline, move || {
-                        // A follower may wait for another flight first: its first
-                        // attempt starts when it is let go.
-                        self.send(request, ext, next, key, Instant::now(), deadline)
-                    }),
-                    &span,
-                ))
+                let flight_key = flight_key.clone();
+                let fly = flights.run(flight_key, identity, deadline, move || {
+                    // A follower may wait for another flight first: its first
+                    // attempt starts when it is let go.
+                    self.send(request, ext, next, key, Instant::now(), deadline)
+                });
+                if span.is_none() {
+                    Box::pin(fly)
+                } else {
+                    Box::pin(fly.instrument(span))
+                }
             }
-            _ => Box::pin(telemetry::in_span(
-                self.send(request, ext, next, key, now, deadline),
-                &span,
-            )),
+            _ => {
+                let send = self.send(request, ext, next, key, now, deadline);
+                if span.is_none() {
+                    Box::pin(send)
+                } else {
+                    Box::pin(send.instrument(span))
+                }
+            }
         }
     }
+}
+
+/// What [`RetryMiddleware::plan_retry`] decided: wait and retry, or stop with this last
+/// answer.
+enum Plan {
+    Wait(PlannedWait),
+    Stop(Last),
+}
+
+/// The wait before a retry ([`RetryMiddleware::plan_retry`]): how long, why, and what
+/// it took from the retry budget.
+struct PlannedWait {
+    wait: Duration,
+    reason: WaitReason,
+    spent: Option<Spent>,
 }
 
 /// What the loop sends: a single shot once, or copies of a request it keeps.
