@@ -139,21 +139,12 @@ impl Execution {
     /// renewal finds the key taken over, renewing stops and [`Execution::is_lost`]
     /// turns `true`; `fut` still runs to its end.
     pub fn run<F: Future>(&mut self, fut: F) -> impl Future<Output = F::Output> {
-        Run {
-            exec: Some(self),
-            fut,
-            renew: None,
-        }
-        .map(|(_, out)| out)
+        Run::new(self, fut).map(|(_, out)| out)
     }
 
     /// [`Execution::run`] for an execution the future owns, handed back with the output.
     pub(crate) fn run_owned<F: Future>(self, fut: F) -> Run<Self, F> {
-        Run {
-            exec: Some(self),
-            fut,
-            renew: None,
-        }
+        Run::new(self, fut)
     }
 
     /// Renews the lease every third of it until the key is found taken over (then it
@@ -348,6 +339,16 @@ pin_project_lite::pin_project! {
         #[pin]
         fut: F,
         renew: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    }
+}
+
+impl<E, F> Run<E, F> {
+    fn new(exec: E, fut: F) -> Self {
+        Self {
+            exec: Some(exec),
+            fut,
+            renew: None,
+        }
     }
 }
 

@@ -385,12 +385,7 @@ impl EngineStore {
         &'a self,
         req: ClaimRequest<'a>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a {
-        let fut = self.0.inner().claim(req);
-        if Self::observed() {
-            Either::Right(self.0.observe(Operation::Claim, fut))
-        } else {
-            Either::Left(fut)
-        }
+        self.maybe_observed(Operation::Claim, self.0.inner().claim(req))
     }
 
     /// [`Store::complete`], as [`EngineStore::claim`].
@@ -402,8 +397,22 @@ impl EngineStore {
         retention: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         let fut = self.0.inner().complete(id, token, payload, retention);
+        self.maybe_observed(Operation::Complete, fut)
+    }
+
+    /// The inner store's future `fut` for `operation`, observed when [`EngineStore::get`]
+    /// would pick the observed store.
+    fn maybe_observed<'a, T, F>(
+        &'a self,
+        operation: Operation,
+        fut: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a
+    where
+        T: Send + 'a,
+        F: Future<Output = Result<T, StoreError>> + Send + 'a,
+    {
         if Self::observed() {
-            Either::Right(self.0.observe(Operation::Complete, fut))
+            Either::Right(self.0.observe(operation, fut))
         } else {
             Either::Left(fut)
         }

@@ -302,22 +302,19 @@ where
                 let (parts, body) = resp.into_parts();
                 Either::Left(record(cfg, exec, parts, body, grpc_call))
             }
-            Err(e) => Either::Right(exec.release().map(|released| {
-                tee::settle(released, "release");
-                Err(e)
-            })),
+            Err(e) => Either::Right(tee::release(exec).map(|()| Err(e))),
         }
     })
 }
 
 /// What follows the handler's answer (see [`execute`]).
+///
+/// What is held across more than one wait takes room in every state of the future, so
+/// the tee is dropped before the wait that follows it.
 #[allow(
     clippy::manual_async_fn,
     reason = "an `async` block holds the arguments once; an `async fn` keeps a second copy of each in its future"
 )]
-///
-/// What is held across more than one wait takes room in every state of the future, so
-/// the tee is dropped before the wait that follows it.
 fn record<ResB, E>(
     cfg: Arc<Config>,
     exec: Execution,
@@ -334,7 +331,7 @@ where
         // is always 200.
         let grpc = grpc_call && grpc::is_grpc(&parts.headers);
         if !grpc && cfg.policy.decide(parts.status) == Outcome::Release {
-            tee::settle(exec.release().await, "release");
+            tee::release(exec).await;
             return Ok(Response::from_parts(parts, ResponseBody::wrap(body)));
         }
         // One wait after the read-ahead for either outcome, and the tee (borrowed while

@@ -246,7 +246,7 @@ impl Inner {
     pub(super) fn fail(&mut self) -> BoxFuture {
         self.renew = None;
         match self.exec.take() {
-            Some(exec) => Box::pin(async move { settle(exec.release().await, "release") }),
+            Some(exec) => Box::pin(release(exec)),
             None => Box::pin(async {}),
         }
     }
@@ -445,14 +445,17 @@ pub(super) enum Settle {
 /// holds.
 pub(super) fn settle_now(outcome: Option<Settle>) -> impl Future<Output = ()> + Send {
     match outcome {
-        Some(Settle::Release(exec)) => {
-            Either::Left(exec.release().map(|result| settle(result, "release")))
-        }
+        Some(Settle::Release(exec)) => Either::Left(release(exec)),
         Some(Settle::Record(exec, payload)) => {
             Either::Right(Either::Left(record_outcome(exec, payload)))
         }
         None => Either::Right(Either::Right(std::future::ready(()))),
     }
+}
+
+/// Releases the key of `exec` without an outcome, and logs how that went.
+pub(super) fn release(exec: Execution) -> impl Future<Output = ()> + Send {
+    exec.release().map(|result| settle(result, "release"))
 }
 
 /// Records the outcome before the caller is answered when the store answers; through a
@@ -466,7 +469,7 @@ pub(super) fn record_outcome(exec: Execution, payload: Bytes) -> impl Future<Out
 }
 
 /// Logs how settling a key went.
-pub(super) fn settle(result: Result<(), StoreError>, what: &str) {
+fn settle(result: Result<(), StoreError>, what: &str) {
     match result {
         Ok(()) => {}
         Err(e) if e.is_fenced() => tracing::warn!(
