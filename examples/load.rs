@@ -484,16 +484,14 @@ async fn drive(args: Args) -> Result<(), String> {
         ratio(1, 3),
         ratio(2, 4)
     );
-    if cpu[0].1 > 0 {
-        let per = |i: usize| cpu[i].0 as f64 / cpu[i].1.max(1) as f64;
-        println!(
-            "server CPU per request (us): bare {:.2}  fresh {:.2}  replay {:.2}  floor-fresh {:.2}  floor-replay {:.2}",
-            per(0),
-            per(1),
-            per(2),
-            per(3),
-            per(4)
-        );
+    let per_request: Vec<String> = Workload::ALL
+        .iter()
+        .zip(cpu)
+        .filter(|(_, (_, answered))| *answered > 0)
+        .map(|(w, (used, answered))| format!("{} {:.2}", w.name(), used as f64 / answered as f64))
+        .collect();
+    if !per_request.is_empty() {
+        println!("server CPU per request (us): {}", per_request.join("  "));
     }
     if let Some((mut child, _)) = proxy {
         println!("proxied/bare {:.2}", ratio(5, 0));

@@ -477,33 +477,35 @@ impl Middleware for RetryMiddleware {
         let now = Instant::now();
         let deadline = self.deadline.and_then(|d| now.checked_add(d));
         let span = telemetry::call_span(request.request(), key.as_ref());
-        // Each future is boxed as it is, or instrumented when its span is wanted: not
-        // wrapped in an `Either` of both, which would be a larger box, built by one more
-        // move of the (about 1 KB) loop future.
         match (&self.flights, &key) {
             (Some(flights), Some(flight_key)) if !random => {
                 let identity = Identity::of(request.request());
                 let flight_key = flight_key.clone();
-                let fly = flights.run(flight_key, identity, deadline, move || {
-                    // A follower may wait for another flight first: its first
-                    // attempt starts when it is let go.
-                    self.send(request, ext, next, key, Instant::now(), deadline)
-                });
-                if span.is_none() {
-                    Box::pin(fly)
-                } else {
-                    Box::pin(fly.instrument(span))
-                }
+                boxed_in(
+                    span,
+                    flights.run(flight_key, identity, deadline, move || {
+                        // A follower may wait for another flight first: its first
+                        // attempt starts when it is let go.
+                        self.send(request, ext, next, key, Instant::now(), deadline)
+                    }),
+                )
             }
-            _ => {
-                let send = self.send(request, ext, next, key, now, deadline);
-                if span.is_none() {
-                    Box::pin(send)
-                } else {
-                    Box::pin(send.instrument(span))
-                }
-            }
+            _ => boxed_in(span, self.send(request, ext, next, key, now, deadline)),
         }
+    }
+}
+
+/// `call` boxed as it is, or instrumented when its span is wanted: not wrapped in an
+/// `Either` of both, which would be a larger box, built by one more move of the (about
+/// 1 KB) loop future.
+fn boxed_in<'a, F: Future + Send + 'a>(
+    span: tracing::Span,
+    call: F,
+) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>> {
+    if span.is_none() {
+        Box::pin(call)
+    } else {
+        Box::pin(call.instrument(span))
     }
 }
 
