@@ -302,6 +302,8 @@ pub struct InvalidKey {
 #[cfg(feature = "client")]
 impl InvalidKey {
     /// A key longer than a vendor accepts (`limit` bytes).
+    #[cold]
+    #[inline(never)]
     pub(crate) fn over_vendor_limit(len: usize, limit: usize, vendor: &str) -> Self {
         Self {
             reason: Reason::VendorLimit {

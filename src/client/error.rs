@@ -118,6 +118,8 @@ impl Error {
         }))
     }
 
+    #[cold]
+    #[inline(never)]
     pub(crate) fn invalid_key(source: InvalidKey) -> Self {
         Self::new(Kind::InvalidKey { source }, 0, None)
     }

@@ -94,6 +94,17 @@ impl KeyResolver {
                 .attach_header(name, req, ext)
                 .map_err(Error::invalid_key);
         }
+        self.attach_elsewhere(req, ext)
+    }
+
+    /// [`attach`](Self::attach) for a key that travels in the body: out of line, so
+    /// that the header's path (every request of the default stack) stays short.
+    #[inline(never)]
+    fn attach_elsewhere(
+        &self,
+        req: &mut Request,
+        ext: &mut Extensions,
+    ) -> Result<Option<Resolved>, Error> {
         let (resolved, on_request) = self.resolve(req, ext).map_err(Error::invalid_key)?;
         if let (Some(resolved), false) = (&resolved, on_request) {
             self.place(req, &resolved.key).map_err(Error::invalid_key)?;
@@ -103,6 +114,7 @@ impl KeyResolver {
 
     /// [`attach`](Self::attach) for a key that travels in a header: one look-up of the
     /// header, and the key written into it when it is not there yet.
+    #[inline(never)]
     fn attach_header(
         &self,
         name: &HeaderName,

@@ -174,6 +174,10 @@ pub(super) fn call_ended(
     result: &reqwest_middleware::Result<Response>,
     attempts: u32,
 ) {
+    // Nothing to record into: no metric handles (without the feature) and no span.
+    if !cfg!(feature = "metrics") && !observable(Level::INFO) {
+        return;
+    }
     let (outcome, replayed) = match result {
         Ok(r) => (RESPONSE, r.idempotency().is_some_and(|i| i.replayed())),
         Err(e) => (error_type(e), false),

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures_util::future::BoxFuture;
 use http::{Extensions, HeaderName, Method};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
@@ -263,10 +264,15 @@ impl RetryMiddleware {
         result: reqwest_middleware::Result<Response>,
         class: Class,
         attempt: u32,
-        started: SystemTime,
+        started_at: Instant,
         deadline: Option<Instant>,
         key: Option<&IdempotencyKey>,
     ) -> Plan {
+        // The policy wants the wall-clock time the call started: read here, on a retry,
+        // rather than once more on every call.
+        let started = SystemTime::now()
+            .checked_sub(started_at.elapsed())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
         let Some((wait, asked)) = policy::next_wait(
             &*self.policy,
             result.as_ref().ok(),
@@ -337,7 +343,6 @@ impl RetryMiddleware {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let single_shot = matches!(request, Outgoing::Once(_));
-            let started = SystemTime::now();
             let mut attempt = 0u32;
             let mut spent: Option<Spent> = None;
             let mut waited: Option<(Duration, WaitReason)> = None;
@@ -394,8 +399,7 @@ impl RetryMiddleware {
                 } else {
                     #[allow(clippy::expect_used)]
                     let response = result.expect("classify() asks for the body of responses only");
-                    let read = outcome::classify_with_body(response, &self.profile, deadline);
-                    match Box::pin(read).await {
+                    match read_and_classify(response, &self.profile, deadline).await {
                         Some(judged) => judged,
                         None => break Last::DeadlinePassed,
                     }
@@ -407,7 +411,7 @@ impl RetryMiddleware {
                     result,
                     class,
                     attempt,
-                    started,
+                    started_at,
                     deadline,
                     key.as_ref(),
                 ) {
@@ -418,7 +422,7 @@ impl RetryMiddleware {
                     spent = Some(s);
                 }
                 waited = Some((wait.wait, wait.reason));
-                Box::pin(tokio::time::sleep(wait.wait)).await;
+                sleep(wait.wait).await;
             };
             if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last) {
                 if r.status().as_u16() < 400 {
@@ -449,7 +453,7 @@ impl Middleware for RetryMiddleware {
     {
         let resolved = match self.keys.attach(&mut req, ext) {
             Ok(resolved) => resolved,
-            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+            Err(e) => return refused(e.into()),
         };
         // The key moves out of `resolved` (no second handle on it to count up and down).
         let (key, random, placed_header) = match resolved {
@@ -459,7 +463,7 @@ impl Middleware for RetryMiddleware {
         let replayable = req.body().is_none_or(|b| b.as_bytes().is_some());
         if let (Some(key), false) = (&key, replayable) {
             let err = Error::new(Kind::BodyNotReplayable { key: key.clone() }, 0, None);
-            return Box::pin(std::future::ready(Err(err.into())));
+            return refused(err.into());
         }
         // A POST or PATCH without a key, or a stream without a key, is sent once; the
         // deadline still bounds it.
@@ -470,29 +474,59 @@ impl Middleware for RetryMiddleware {
             let own_key = self.keys.header_name().filter(|_| placed_header);
             match Resend::new(req, own_key) {
                 Some(resend) => Outgoing::Copies(resend),
-                None => return Box::pin(std::future::ready(Err(body_lost(key)))),
+                None => return refused(body_lost(key)),
             }
         };
         // A deadline too far away to represent (`Duration::MAX`) is no deadline.
         let now = Instant::now();
         let deadline = self.deadline.and_then(|d| now.checked_add(d));
         let span = telemetry::call_span(request.request(), key.as_ref());
-        match (&self.flights, &key) {
-            (Some(flights), Some(flight_key)) if !random => {
-                let identity = Identity::of(request.request());
-                let flight_key = flight_key.clone();
-                boxed_in(
-                    span,
-                    flights.run(flight_key, identity, deadline, move || {
-                        // A follower may wait for another flight first: its first
-                        // attempt starts when it is let go.
-                        self.send(request, ext, next, key, Instant::now(), deadline)
-                    }),
-                )
+        match (&self.flights, key) {
+            (Some(flights), Some(key)) if !random => {
+                self.shared(flights, request, ext, next, key, deadline, span)
             }
-            _ => boxed_in(span, self.send(request, ext, next, key, now, deadline)),
+            (_, key) => boxed_in(span, self.send(request, ext, next, key, now, deadline)),
         }
     }
+}
+
+impl RetryMiddleware {
+    /// The call of a key the caller chose, in a flight that concurrent calls with the
+    /// same key and request share ([`single_flight`](Self::single_flight)). Out of
+    /// line: the default stack's random keys never take this path.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn shared<'a>(
+        &'a self,
+        flights: &'a Flights,
+        request: Outgoing,
+        ext: &'a mut Extensions,
+        next: Next<'a>,
+        key: IdempotencyKey,
+        deadline: Option<Instant>,
+        span: tracing::Span,
+    ) -> BoxFuture<'a, reqwest_middleware::Result<Response>> {
+        let identity = Identity::of(request.request());
+        let flight_key = key.clone();
+        boxed_in(
+            span,
+            flights.run(flight_key, identity, deadline, move || {
+                // A follower may wait for another flight first: its first attempt
+                // starts when it is let go.
+                self.send(request, ext, next, Some(key), Instant::now(), deadline)
+            }),
+        )
+    }
+}
+
+/// A call refused before its first attempt, as the boxed future `handle` returns: out
+/// of line and cold.
+#[cold]
+#[inline(never)]
+fn refused<'a>(
+    err: reqwest_middleware::Error,
+) -> BoxFuture<'a, reqwest_middleware::Result<Response>> {
+    Box::pin(std::future::ready(Err(err)))
 }
 
 /// `call` boxed as it is, or instrumented when its span is wanted: not wrapped in an
@@ -507,6 +541,26 @@ fn boxed_in<'a, F: Future + Send + 'a>(
     } else {
         Box::pin(call.instrument(span))
     }
+}
+
+/// [`outcome::classify_with_body`], boxed, out of line and cold: the answers whose
+/// meaning depends on their body are error answers, and the code that builds this
+/// future would otherwise sit in the loop's, among the lines every call runs through.
+#[cold]
+#[inline(never)]
+fn read_and_classify<'a>(
+    response: Response,
+    profile: &'a VendorProfile,
+    deadline: Option<Instant>,
+) -> BoxFuture<'a, Option<(reqwest_middleware::Result<Response>, Class)>> {
+    Box::pin(outcome::classify_with_body(response, profile, deadline))
+}
+
+/// The wait before a retry, boxed, out of line and cold (as [`read_and_classify`]).
+#[cold]
+#[inline(never)]
+fn sleep(wait: Duration) -> Pin<Box<tokio::time::Sleep>> {
+    Box::pin(tokio::time::sleep(wait))
 }
 
 /// What [`RetryMiddleware::plan_retry`] decided: wait and retry, or stop with this last
@@ -569,6 +623,8 @@ struct AttemptTimedOut {
 }
 
 impl AttemptTimedOut {
+    #[cold]
+    #[inline(never)]
     fn error(timeout: Option<Duration>, attempt: u32) -> reqwest_middleware::Error {
         reqwest_middleware::Error::middleware(Self {
             attempt,

@@ -105,6 +105,9 @@ impl Resend {
 }
 
 impl Kept {
+    /// Out of line and cold: only a retry makes a copy.
+    #[cold]
+    #[inline(never)]
     fn copy(&self, key_header: Option<(&HeaderName, &IdempotencyKey)>) -> Request {
         let mut req = Request::new(self.method.clone(), self.url.clone());
         let own = key_header.filter(|_| self.own_key);
