@@ -12,7 +12,13 @@
 //!   reqwest-middleware client that sets a random key header by hand), of reqwest-retry
 //!   with the key set by hand, and of the bare client;
 //! - `in-process`: the stack's own CPU time per request (the same canned in-process
-//!   answer with and without the stack), and that time over the bare loopback round trip.
+//!   answer with and without the stack), and that time over the bare loopback round trip;
+//! - `paired`: the stack and the floor alternating request by request (60,000 each),
+//!   every round trip timed, and the ratios of their latency quantiles. On a shared
+//!   machine a burst of other work lands on a whole round of the measurements above and
+//!   moves their medians by several percent between runs; here it lands on both sides
+//!   alike, and the low quantiles (the round trips nothing disturbed) are what the
+//!   stack's own cost moves.
 //!
 //! `examples/client_overhead.rs` runs the same loopback calls for an instruction counter
 //! (callgrind), the figure the machine's load cannot move.
@@ -104,17 +110,38 @@ fn interleaved(_: &mut Criterion) {
     rt.block_on(async {
         // What the stack saves a caller from writing: a reqwest-middleware client and a
         // fresh key header by hand.
-        let by_hand = compare(
-            300,
-            || async {
-                let key = IdempotencyKey::random().to_header_value();
-                let request = plain.post(&url).header("idempotency-key", key);
-                let r = request.body(BODY).send().await.expect("200");
-                black_box(r.bytes().await.expect("body"));
-            },
+        let floor = || async {
+            let key = IdempotencyKey::random().to_header_value();
+            let request = plain.post(&url).header("idempotency-key", key);
+            let r = request.body(BODY).send().await.expect("200");
+            black_box(r.bytes().await.expect("body"));
+        };
+        let paired_floor = paired(60_000, floor, || stack_post(&stack, &url)).await;
+        eprintln!(
+            "loopback, paired per request: stack / key header by hand on reqwest-middleware: \
+             p10 {:.4}, p25 {:.4}, median {:.4}; the floor's p10 {:.1} us, median {:.1} us",
+            paired_floor.ratio[0],
+            paired_floor.ratio[1],
+            paired_floor.ratio[2],
+            paired_floor.base_us[0],
+            paired_floor.base_us[2],
+        );
+        let paired_bare = paired(
+            60_000,
+            || bare_post(&bare, &url),
             || stack_post(&stack, &url),
         )
         .await;
+        eprintln!(
+            "loopback, paired per request: stack / bare reqwest: p10 {:.4}, p25 {:.4}, \
+             median {:.4}; bare p10 {:.1} us, median {:.1} us",
+            paired_bare.ratio[0],
+            paired_bare.ratio[1],
+            paired_bare.ratio[2],
+            paired_bare.base_us[0],
+            paired_bare.base_us[2],
+        );
+        let by_hand = compare(300, floor, || stack_post(&stack, &url)).await;
         eprintln!(
             "loopback, wall time: stack / key header by hand on reqwest-middleware = {:.4} \
              (quartiles {:.4} .. {:.4}); client thread CPU +{:.3} us per request",
@@ -257,6 +284,53 @@ where
         ratio: quartiles(ratios),
         base_us: quartiles(bases),
         extra_cpu_us: quartiles(extras),
+    }
+}
+
+/// The quantiles (10th, 25th, 50th) of `b`'s round-trip times over `a`'s.
+struct Paired {
+    /// b's quantile over a's, at the 10th, 25th and 50th percentile.
+    ratio: [f64; 3],
+    /// a's round trip at those quantiles, in microseconds.
+    base_us: [f64; 3],
+}
+
+/// `a` and `b` alternating call by call, `n` calls each (the order within a pair
+/// alternates too), every call timed: both sides see the same moments of the machine.
+async fn paired<A, AF, B, BF>(n: usize, a: A, b: B) -> Paired
+where
+    A: Fn() -> AF,
+    AF: Future<Output = ()>,
+    B: Fn() -> BF,
+    BF: Future<Output = ()>,
+{
+    async fn timed<F: Future<Output = ()>>(f: F) -> f64 {
+        let start = std::time::Instant::now();
+        f.await;
+        start.elapsed().as_secs_f64() * 1e6
+    }
+    // Warm-up (connection pools, caches).
+    for _ in 0..2_000 {
+        a().await;
+        b().await;
+    }
+    let (mut ta, mut tb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        if i % 2 == 0 {
+            ta.push(timed(a()).await);
+            tb.push(timed(b()).await);
+        } else {
+            tb.push(timed(b()).await);
+            ta.push(timed(a()).await);
+        }
+    }
+    ta.sort_by(f64::total_cmp);
+    tb.sort_by(f64::total_cmp);
+    let at = |v: &[f64], q: usize| v[v.len() * q / 100];
+    let quantiles = [10, 25, 50];
+    Paired {
+        ratio: quantiles.map(|q| at(&tb, q) / at(&ta, q)),
+        base_us: quantiles.map(|q| at(&ta, q)),
     }
 }
 
