@@ -108,7 +108,8 @@ impl ClientBuilder {
         self
     }
 
-    /// When and how often to retry: any `retry_policies::RetryPolicy`.
+    /// When and how often to retry: any `retry_policies::RetryPolicy`. The call's start
+    /// time a policy may read follows tokio's clock ([`RetryMiddleware::policy`]).
     #[must_use]
     pub fn retry_policy(mut self, policy: impl RetryPolicy + Send + Sync + 'static) -> Self {
         self.retry = self.retry.policy(policy);

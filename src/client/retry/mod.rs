@@ -160,6 +160,11 @@ impl RetryMiddleware {
     }
 
     /// When and how often to retry (for example an `ExponentialBackoff` of your own).
+    ///
+    /// A policy that reads the call's start time (retry-policies'
+    /// `ExponentialBackoffTimed`, from `build_with_total_retry_duration`) gets it on
+    /// tokio's clock, as the deadline is measured: the time the call has taken so far,
+    /// back from now (under `tokio::time::pause`, the paused clock's).
     #[must_use]
     pub fn policy(mut self, policy: impl RetryPolicy + Send + Sync + 'static) -> Self {
         self.policy = Arc::new(policy);
@@ -544,8 +549,9 @@ fn boxed_in<'a, F: Future + Send + 'a>(
 }
 
 /// [`outcome::classify_with_body`], boxed, out of line and cold: the answers whose
-/// meaning depends on their body are error answers, and the code that builds this
-/// future would otherwise sit in the loop's, among the lines every call runs through.
+/// meaning depends on their body are usually error answers, and the code that builds
+/// this future would otherwise sit in the loop's, among the lines every call runs
+/// through.
 #[cold]
 #[inline(never)]
 fn read_and_classify<'a>(
