@@ -240,6 +240,33 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     );
 }
 
+/// A policy bounded by a total retry duration reads the call's start on tokio's clock,
+/// the one the deadline is measured on: under a paused clock it stops once that clock
+/// passes its total (reading the wall clock, it would see no time pass and retry until
+/// the server gave in).
+#[tokio::test(start_paused = true)]
+async fn a_timed_policy_counts_on_tokios_clock() {
+    let server = Recorder::start(std::iter::repeat_n(Reply::status(503), 50)).await;
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_secs(1), Duration::from_secs(1))
+        .jitter(retry_policies::Jitter::None)
+        .build_with_total_retry_duration(Duration::from_secs(5));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .retry_policy(policy)
+        .without_retry_budget()
+        .build();
+    let err = post_charge(&client, &server)
+        .await
+        .expect_err("503 until the policy's 5 s are over");
+    let err = ours(&err);
+    assert!(err.is_outcome_unknown(), "{err}");
+    let attempts = server.records().len();
+    // A second between attempts: attempts start at 0, 1, .. 5 s of the paused clock, and
+    // the retry after the one at 5 s (or 6 s) is past the total.
+    assert!((6..=7).contains(&attempts), "{attempts} attempts");
+    assert_eq!(err.attempts() as usize, attempts);
+}
+
 #[tokio::test(start_paused = true)]
 async fn deadline_stops_the_retries() {
     let server = Recorder::start([Reply::status(503).retry_after("10")]).await;
