@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo build --release --example client_overhead
-//! for kind in stack by_hand retry_by_hand bare; do
+//! for kind in stack by_hand retry_by_hand bare required; do
 //!   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file=cg.$kind \
 //!     target/release/examples/client_overhead $kind 5000
 //! done
@@ -13,7 +13,10 @@
 //!
 //! Kinds: `stack` (idemkey's default stack, everything on), `by_hand` (a
 //! reqwest-middleware client that sets a random key header by hand: the floor),
-//! `retry_by_hand` (that, plus reqwest-retry's middleware), `bare` (reqwest alone).
+//! `retry_by_hand` (that, plus reqwest-retry's middleware), `bare` (reqwest alone),
+//! `required` (a measuring stick, [`Required`]: a middleware that does on every call
+//! only what the behaviour contract requires of a key middleware that retries, and
+//! nothing else; it never retries, so it is not a client to use).
 //!
 //! A third argument `prometheus` installs a Prometheus recorder first, so that a build
 //! with `--features metrics` measures the client's metrics against a real recorder
@@ -23,6 +26,7 @@
 
 use std::hint::black_box;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use idemkey::IdempotencyKey;
 use idemkey::client::ClientBuilder;
@@ -30,6 +34,63 @@ use idemkey::client::ClientBuilder;
 const BODY: &str = r#"{"amount":1000,"currency":"eur"}"#;
 
 /// `POST` to a loopback server on its own thread and runtime, answering 200.
+/// The least work a key middleware that keeps the behaviour contract does on a call
+/// answered at once: a random key in the header; what a retry would send kept aside
+/// (method, URL, the body's bytes); one timer for the deadline; the key, the attempts
+/// and the replay flag stored on the response. No classification, hints, budget,
+/// single flight, typed errors or telemetry, and no retry: the floor of what
+/// idemkey's default stack could cost (BENCHMARKS.md, "What 1.02 would take").
+struct Required;
+
+/// What the caller reads off the response (idemkey's `IdempotencyInfo` has the same
+/// fields).
+#[derive(Clone)]
+#[allow(dead_code)]
+struct Facts {
+    key: IdempotencyKey,
+    attempts: u32,
+    replayed: bool,
+    shared: bool,
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Required {
+    async fn handle(
+        &self,
+        mut req: reqwest::Request,
+        ext: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        const KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+        let key = IdempotencyKey::random();
+        req.headers_mut().insert(KEY, key.to_header_value());
+        let kept = (
+            req.method().clone(),
+            req.url().clone(),
+            req.body()
+                .and_then(reqwest::Body::as_bytes)
+                .map(bytes::Bytes::copy_from_slice),
+        );
+        let answer = tokio::time::timeout(Duration::from_secs(300), next.run(req, ext)).await;
+        drop(black_box(kept));
+        let mut response = answer.map_err(reqwest_middleware::Error::middleware)??;
+        const REPLAYED: [http::HeaderName; 2] = [
+            http::HeaderName::from_static("idempotent-replayed"),
+            http::HeaderName::from_static("idempotency-replayed"),
+        ];
+        let replayed = REPLAYED
+            .iter()
+            .any(|name| response.headers().get(name).is_some_and(|v| v == "true"));
+        response.extensions_mut().insert(Facts {
+            key,
+            attempts: 1,
+            replayed,
+            shared: false,
+        });
+        Ok(response)
+    }
+}
+
 fn start_server() -> Result<String, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -61,10 +122,14 @@ async fn run(kind: &str, url: &str, n: u32) -> Result<(), String> {
         ))
         .build();
     let stack = ClientBuilder::new(reqwest::Client::new()).build();
+    let required = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(Required)
+        .build();
     let bare = reqwest::Client::new();
     for _ in 0..n {
         let response = match kind {
             "stack" => stack.post(url).body(BODY).send().await,
+            "required" => required.post(url).body(BODY).send().await,
             "by_hand" | "retry_by_hand" => {
                 let client = if kind == "by_hand" {
                     &by_hand
@@ -119,7 +184,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("client_overhead {kind}: {e} (kinds: stack, by_hand, retry_by_hand, bare)");
+            eprintln!(
+                "client_overhead {kind}: {e} (kinds: stack, by_hand, retry_by_hand, bare, required)"
+            );
             ExitCode::FAILURE
         }
     }
