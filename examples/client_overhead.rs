@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use idemkey::IdempotencyKey;
 use idemkey::client::ClientBuilder;
+use idemkey::protocol::headers;
 
 const BODY: &str = r#"{"amount":1000,"currency":"eur"}"#;
 
@@ -61,9 +62,9 @@ impl reqwest_middleware::Middleware for Required {
         ext: &mut http::Extensions,
         next: reqwest_middleware::Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        const KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
         let key = IdempotencyKey::random();
-        req.headers_mut().insert(KEY, key.to_header_value());
+        req.headers_mut()
+            .insert(headers::IDEMPOTENCY_KEY, key.to_header_value());
         let kept = (
             req.method().clone(),
             req.url().clone(),
@@ -74,13 +75,7 @@ impl reqwest_middleware::Middleware for Required {
         let answer = tokio::time::timeout(Duration::from_secs(300), next.run(req, ext)).await;
         drop(black_box(kept));
         let mut response = answer.map_err(reqwest_middleware::Error::middleware)??;
-        const REPLAYED: [http::HeaderName; 2] = [
-            http::HeaderName::from_static("idempotent-replayed"),
-            http::HeaderName::from_static("idempotency-replayed"),
-        ];
-        let replayed = REPLAYED
-            .iter()
-            .any(|name| response.headers().get(name).is_some_and(|v| v == "true"));
+        let replayed = headers::is_replayed(response.headers());
         response.extensions_mut().insert(Facts {
             key,
             attempts: 1,
