@@ -13,19 +13,11 @@ use idemkey::protocol::KeyHeader;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_retry::RetryTransientMiddleware;
 use retry_policies::policies::ExponentialBackoff;
+use support::client::{builder, fast};
 use support::recorder::{Recorder, Reply};
 
-/// Backoff of a few milliseconds, so that real waits stay tiny.
-fn fast(retries: u32) -> ExponentialBackoff {
-    ExponentialBackoff::builder()
-        .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
-        .build_with_max_retries(retries)
-}
-
 fn client(retries: u32) -> ClientWithMiddleware {
-    ClientBuilder::new(reqwest::Client::new())
-        .retry_policy(fast(retries))
-        .build()
+    builder(retries).build()
 }
 
 fn charge() -> serde_json::Value {
