@@ -537,10 +537,7 @@ fn refused<'a>(
 /// `call` boxed as it is, or instrumented when its span is wanted: not wrapped in an
 /// `Either` of both, which would be a larger box, built by one more move of the (about
 /// 1 KB) loop future.
-fn boxed_in<'a, F: Future + Send + 'a>(
-    span: tracing::Span,
-    call: F,
-) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>> {
+fn boxed_in<'a, F: Future + Send + 'a>(span: tracing::Span, call: F) -> BoxFuture<'a, F::Output> {
     if span.is_none() {
         Box::pin(call)
     } else {
