@@ -34,7 +34,7 @@
 //! - `outbox`: `client::outbox`, a durable outbox for outgoing calls (persisted before
 //!   they are sent, finished after a crash with the same key), with the in-memory
 //!   journal; `outbox-sqlite` and `outbox-postgres` add its SQLite and PostgreSQL
-//!   journals (they imply the `sqlite` and `postgres` store features).
+//!   journals (sqlx with that database's driver; neither brings the verifier).
 //! - `test-util`: the `testing` module (test server, fault injector, the store
 //!   conformance suite); implies `client` and `server`.
 //!

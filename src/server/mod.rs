@@ -90,6 +90,9 @@ mod body;
 mod engine;
 mod execution;
 mod extract;
+mod grpc;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod inbox;
 mod layer;
 pub(crate) mod once;
 mod policy;

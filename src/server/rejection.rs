@@ -401,7 +401,7 @@ impl Rejection {
             "grpc-status",
             HeaderValue::from(u16::from(self.grpc_code())),
         );
-        let message = crate::server::layer::grpc_message(&self.detail);
+        let message = crate::server::grpc::encode_message(&self.detail);
         if let Ok(v) = HeaderValue::try_from(message) {
             h.insert("grpc-message", v);
         }

@@ -76,6 +76,8 @@ pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use aws_sdk_dynamodb;
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::{DynamoStore, DynamoStoreBuilder};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use inbox::InboxSql;
 pub use memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlStoreBuilder};

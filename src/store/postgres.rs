@@ -30,12 +30,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::inbox::{self, DEFAULT_INBOX_RETENTION, InboxSql};
+use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
     fenced, sql, unavailable,
@@ -44,9 +42,6 @@ use super::{
     Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
     StoreError, Watch, clamp_forever,
 };
-use crate::IdempotencyKey;
-use crate::fingerprint::Fingerprint;
-use crate::server::{OnceError, Settled};
 
 /// A store shared by every instance of an application through one PostgreSQL database.
 ///
@@ -470,81 +465,6 @@ CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;
             .await
             .map_err(err)?;
         tx.commit().await.map_err(err)
-    }
-}
-
-impl PostgresStore {
-    /// The transactional inbox: runs `f` at most once per (`scope`, `key`,
-    /// `fingerprint`) *inside the caller's transaction*, and records its value in that
-    /// same transaction, so that the claim, `f`'s writes and the result commit together
-    /// or not at all. Later calls with the same three get the recorded value back
-    /// ([`Settled::is_replayed`]) without running `f`.
-    ///
-    /// Pass the transaction as `&mut *tx`, and run every write of the effect on the
-    /// connection `f` is given (the same transaction). Commit after `once_in` returns
-    /// (then acknowledge the message); if the process dies before the commit, or the
-    /// transaction is rolled back, nothing of it stays and the redelivered message runs
-    /// `f` again, once. Records live in the store's table, addressed like the engine's
-    /// ([`RecordId::new`]`(scope, key)`), for [`PostgresStoreBuilder::inbox_retention`].
-    ///
-    /// The claim is `INSERT ... ON CONFLICT (id) DO NOTHING`, then `SELECT ... FOR
-    /// UPDATE` when the row exists. A concurrent duplicate in another transaction
-    /// therefore **waits** on the row until the first transaction ends: after a commit
-    /// it gets the recorded value (a replay), after a rollback it claims the key and
-    /// runs `f` itself. It never runs `f` while the first may still commit. This holds
-    /// at the default isolation `READ COMMITTED`; under `REPEATABLE READ` or
-    /// `SERIALIZABLE` the waiting duplicate fails with a serialisation error
-    /// ([`OnceError::is_store_unavailable`]) instead: roll back and redeliver.
-    ///
-    /// `f` and the claim run in a savepoint: when `f` fails (or its value cannot be
-    /// serialised, or a statement fails) the savepoint is rolled back, so the claim and
-    /// `f`'s writes are undone and the transaction stays usable. When `conn` is not in a
-    /// transaction, `once_in` opens one and commits it before returning.
-    ///
-    /// Exactly once holds for the writes `f` makes through the connection. Anything
-    /// else `f` does (an email, an HTTP call) is still at least once: it may happen and
-    /// then be rolled back with the transaction.
-    ///
-    /// # Errors
-    /// [`OnceError`]: key reused with another fingerprint; in progress when a running
-    /// [`Engine::once`](crate::server::Engine::once) or layer request holds the key
-    /// (inbox claims are never visible in progress); store unavailable when a
-    /// statement fails (roll the transaction back); `f` failed; the value could not be
-    /// recorded or read back.
-    ///
-    /// ```no_run
-    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
-    /// use idemkey::store::PostgresStore;
-    /// # async fn demo(store: PostgresStore, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-    /// let key = IdempotencyKey::new("msg-0001")?;
-    /// let fp = Fingerprint::of_bytes(b"charge acct-1 250");
-    /// let mut tx = pool.begin().await?;
-    /// let balance = store
-    ///     .once_in(&mut *tx, "charges", &key, &fp, async |conn| {
-    ///         sqlx::query_scalar::<_, i64>(
-    ///             "UPDATE accounts SET balance = balance + 250 WHERE id = 1 RETURNING balance",
-    ///         )
-    ///         .fetch_one(&mut *conn)
-    ///         .await
-    ///     })
-    ///     .await?;
-    /// tx.commit().await?; // claim, charge and result, together; then ack the message
-    /// println!("balance {} (replayed: {})", balance.value(), balance.is_replayed());
-    /// # Ok(()) }
-    /// ```
-    pub async fn once_in<T, E, F>(
-        &self,
-        conn: &mut PgConnection,
-        scope: &str,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        f: F,
-    ) -> Result<Settled<T>, OnceError<E>>
-    where
-        T: Serialize + DeserializeOwned,
-        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-    {
-        inbox::once_in(self, conn, scope, key, fingerprint, f).await
     }
 }
 

@@ -34,14 +34,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 
-use super::inbox::{self, DEFAULT_INBOX_RETENTION, InboxSql};
+use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
     unavailable,
@@ -49,9 +47,6 @@ use super::sql::{
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
 };
-use crate::IdempotencyKey;
-use crate::fingerprint::Fingerprint;
-use crate::server::{OnceError, Settled};
 
 /// A durable store in one SQLite file, for a single node.
 ///
@@ -305,84 +300,6 @@ impl SqliteStore {
     pub async fn close(&self) {
         self.readers.close().await;
         self.writer.close().await;
-    }
-}
-
-impl SqliteStore {
-    /// The transactional inbox: runs `f` at most once per (`scope`, `key`,
-    /// `fingerprint`) inside the caller's transaction on a connection of their own to
-    /// this store's file, and records its value in that same transaction: the claim,
-    /// `f`'s writes and the result commit together or not at all. Later calls with the
-    /// same three get the recorded value back ([`Settled::is_replayed`]).
-    ///
-    /// Pass the transaction as `&mut *tx` and run every write of the effect on the
-    /// connection `f` is given; commit after `once_in` returns (then acknowledge the
-    /// message). If the process dies before the commit, or the transaction is rolled
-    /// back, nothing of it stays and the redelivery runs `f` again, once. `f` and the
-    /// claim run in a savepoint: when `f` fails (or its value cannot be serialised, or a
-    /// statement fails) the savepoint is rolled back and the transaction stays usable.
-    /// When `conn` is not in a transaction, `once_in` opens one and commits it. Exactly
-    /// once holds for the writes `f` makes through the connection; anything else it does
-    /// (an email, an HTTP call) is at least once. The PostgreSQL store's `once_in` works
-    /// the same way.
-    ///
-    /// Locking is SQLite's: the claim is the transaction's first write and takes the
-    /// database's write lock, so a concurrent duplicate on another connection **waits**
-    /// (up to its connection's busy timeout) until the first transaction ends, then
-    /// replays its result or, after a rollback, runs `f` itself.
-    /// Begin the transaction with `BEGIN IMMEDIATE` (`conn.begin_with("BEGIN
-    /// IMMEDIATE")`) when it reads before `once_in`: a deferred transaction whose read
-    /// snapshot is older than a concurrent commit cannot upgrade to a write and fails
-    /// with `SQLITE_BUSY` ([`OnceError::is_store_unavailable`]).
-    ///
-    /// ```
-    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
-    /// use idemkey::store::SqliteStore;
-    /// use sqlx::Connection;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = std::env::temp_dir().join(format!("idemkey-inbox-doc-{}", std::process::id()));
-    /// # std::fs::create_dir_all(&dir)?;
-    /// let store = SqliteStore::open(dir.join("app.db")).await?;
-    /// let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", store.path().display())).await?;
-    /// sqlx::raw_sql("CREATE TABLE IF NOT EXISTS shipments (msg TEXT)").execute(&mut conn).await?;
-    ///
-    /// let key = IdempotencyKey::new("msg-0001")?;
-    /// let fp = Fingerprint::of_bytes(b"ship order 42");
-    /// for _delivery in 0..2 {
-    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    ///     store
-    ///         .once_in(&mut *tx, "orders", &key, &fp, async |c| {
-    ///             sqlx::query("INSERT INTO shipments VALUES ('msg-0001')").execute(&mut *c).await?;
-    ///             Ok::<_, sqlx::Error>(())
-    ///         })
-    ///         .await?;
-    ///     tx.commit().await?;
-    /// }
-    /// let shipped: i64 = sqlx::query_scalar("SELECT count(*) FROM shipments").fetch_one(&mut conn).await?;
-    /// assert_eq!(shipped, 1);
-    /// # drop(conn); store.close().await; std::fs::remove_dir_all(&dir).ok();
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`OnceError`]: key reused with another fingerprint; in progress when a running
-    /// [`Engine::once`](crate::server::Engine::once) or layer request holds the key
-    /// (inbox claims are never visible in progress); store unavailable when a
-    /// statement fails (roll the transaction back); `f` failed; the value could not be
-    /// recorded or read back.
-    pub async fn once_in<T, E, F>(
-        &self,
-        conn: &mut SqliteConnection,
-        scope: &str,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        f: F,
-    ) -> Result<Settled<T>, OnceError<E>>
-    where
-        T: Serialize + DeserializeOwned,
-        F: AsyncFnOnce(&mut SqliteConnection) -> Result<T, E>,
-    {
-        inbox::once_in(self, conn, scope, key, fingerprint, f).await
     }
 }
 

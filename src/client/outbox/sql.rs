@@ -1,6 +1,6 @@
 //! What the SQL journals (SQLite, PostgreSQL) share: the schema, the statements, and
-//! reading an operation back from a row. Table names are validated as the stores'
-//! are ([`TableName`]).
+//! reading an operation back from a row, and the journals' own [`TableName`] (the
+//! outbox shares nothing with the verifier's stores, so its features never build them).
 
 use std::sync::Arc;
 
@@ -9,7 +9,6 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::journal::{JournalError, Operation, Outcome, from_millis, to_millis};
 use crate::IdempotencyKey;
-use crate::store::sql::TableName;
 
 /// The journals' table unless configured otherwise.
 pub(crate) const DEFAULT_TABLE: &str = "idemkey_outbox";
@@ -250,10 +249,10 @@ macro_rules! enqueue_on {
     ($conn:expr, $statements:expr, $op:expr) => {
         async {
             use $crate::client::outbox::Enqueued;
+            use $crate::client::outbox::sql::sql;
             use $crate::client::outbox::sql::{
                 OperationRow, bind_operation, decode_operation, unavailable,
             };
-            use $crate::store::sql::sql;
             let (conn, statements, op) = ($conn, $statements, $op);
             let inserted =
                 bind_operation!(sqlx::query(sql(&statements.insert)), OperationRow::new(op))
@@ -365,6 +364,65 @@ pub(crate) fn table_name(name: &str) -> Result<TableName, JournalError> {
         .map_err(|e| JournalError::unavailable(format!("outbox journal table {name:?}: {e}"), e))
 }
 
+/// A journal's table, optionally schema-qualified, kept quoted for SQL.
+///
+/// Each part is an identifier of letters, digits and `_`, not starting with a digit, at
+/// most 63 bytes (PostgreSQL's limit): nothing that needs escaping, the same rule the
+/// verifier's SQL stores apply to theirs.
+#[derive(Debug, Clone)]
+pub(crate) struct TableName {
+    /// `"table"` or `"schema"."table"`.
+    quoted: String,
+    /// The unqualified name, for naming the table's index.
+    base: String,
+}
+
+/// A table name that [`TableName::parse`] refused.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid table name {0:?}: use letters, digits and '_' (optionally 'schema.table')")]
+pub(crate) struct InvalidTableName(String);
+
+impl TableName {
+    /// Accepts `name` or `schema.name`.
+    pub(crate) fn parse(name: &str) -> Result<Self, InvalidTableName> {
+        let identifier = |p: &str| {
+            p.len() <= 63
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && p.bytes().next().is_some_and(|b| !b.is_ascii_digit())
+        };
+        let (schema, base) = match name.split_once('.') {
+            Some((schema, base)) => (Some(schema), base),
+            None => (None, name),
+        };
+        if !identifier(base) || !schema.is_none_or(identifier) {
+            return Err(InvalidTableName(name.to_owned()));
+        }
+        Ok(Self {
+            quoted: match schema {
+                Some(schema) => format!("\"{schema}\".\"{base}\""),
+                None => format!("\"{base}\""),
+            },
+            base: base.to_owned(),
+        })
+    }
+
+    /// The name as it goes into SQL: `"table"` or `"schema"."table"`.
+    pub(crate) fn quoted(&self) -> &str {
+        &self.quoted
+    }
+
+    /// `"<table>_<suffix>"`, unqualified (an index lives in its table's schema).
+    pub(crate) fn index_name(&self, suffix: &str) -> String {
+        format!("\"{}_{suffix}\"", self.base)
+    }
+}
+
+/// A statement kept as shared text, marked safe for sqlx: every statement of a journal
+/// is built once from a validated [`TableName`], never from a caller's values.
+pub(crate) fn sql(s: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
+    sqlx::AssertSqlSafe(Arc::clone(s))
+}
+
 /// Headers as bytes for a journal column: for each header, its name and its value,
 /// each length-prefixed (the crate's framing), so any byte value round-trips.
 pub(crate) fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
@@ -403,6 +461,30 @@ pub(crate) fn decode_headers(mut bytes: &[u8]) -> Result<HeaderMap, JournalError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_names_are_identifiers_optionally_qualified() {
+        let t = TableName::parse("ops").expect("plain");
+        assert_eq!(
+            (t.quoted(), t.index_name("pending").as_str()),
+            ("\"ops\"", "\"ops_pending\"")
+        );
+        let t = TableName::parse("app.ops_2").expect("qualified");
+        assert_eq!(t.quoted(), "\"app\".\"ops_2\"");
+        assert_eq!(t.index_name("pending"), "\"ops_2_pending\"");
+        for bad in [
+            "",
+            "a.b.c",
+            ".ops",
+            "ops.",
+            "1ops",
+            "o-ps",
+            "o\"ps",
+            &"x".repeat(64),
+        ] {
+            assert!(TableName::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
 
     #[test]
     fn headers_round_trip_with_repeats_and_bytes() {

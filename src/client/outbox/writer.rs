@@ -545,7 +545,7 @@ macro_rules! journal_over_writer {
                 use $crate::client::outbox::sql::{decode_operation, unavailable};
                 self.writer
                     .get(id, async {
-                        let row = sqlx::query($crate::store::sql::sql(&self.sql.get))
+                        let row = sqlx::query($crate::client::outbox::sql::sql(&self.sql.get))
                             .bind(id)
                             .fetch_optional(&self.readers)
                             .await
@@ -563,7 +563,7 @@ macro_rules! journal_over_writer {
                 use $crate::client::outbox::sql::{decode_operation, unavailable};
                 self.writer
                     .pending(limit, |n| async move {
-                        let rows = sqlx::query($crate::store::sql::sql(&self.sql.pending))
+                        let rows = sqlx::query($crate::client::outbox::sql::sql(&self.sql.pending))
                             .bind(i64::try_from(n).unwrap_or(i64::MAX))
                             .fetch_all(&self.readers)
                             .await

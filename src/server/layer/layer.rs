@@ -7,8 +7,8 @@ use http::request::Parts;
 use http::{HeaderName, StatusCode, header};
 use tower_layer::Layer;
 
+use super::config::{Config, KeyRequirement, default_requirement};
 use super::service::Idempotency;
-use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprinter;
 use crate::protocol::problem::KEY_REUSED_STRIPE_STATUS;
 use crate::protocol::status::is_safe;
@@ -16,58 +16,11 @@ use crate::protocol::{Problem, ReplayHeader};
 use crate::server::engine::Engine;
 use crate::server::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
 use crate::server::policy::{InProgressPolicy, OutcomePolicy};
-use crate::server::rejection::Rejection;
 
 /// Default limit of a buffered request body: 2 MiB, like axum's.
 pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 /// Default limit of a stored response body: 1 MiB.
 pub const DEFAULT_STORED_RESPONSE_LIMIT: usize = 1024 * 1024;
-
-/// Whether a request must carry a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyRequirement {
-    /// No key: `400 missing-key`.
-    Required,
-    /// No key: the handler runs unguarded, like a request without the layer.
-    Optional,
-    /// The layer steps aside: the body is not buffered, no key is looked for.
-    Off,
-}
-
-impl KeyRequirement {
-    /// The key a request goes on with: `Ok(None)` runs it unguarded; a required key that
-    /// `extractor` did not find is `400 missing-key`, naming where it looks.
-    pub(crate) fn apply(
-        self,
-        found: Option<IdempotencyKey>,
-        extractor: &dyn ExtractKey,
-    ) -> Result<Option<IdempotencyKey>, Rejection> {
-        match found {
-            None if self == Self::Required => Err(extractor.missing()),
-            found => Ok(found),
-        }
-    }
-}
-
-pub(super) type RequirementFn = dyn Fn(&Parts) -> KeyRequirement + Send + Sync;
-
-/// What every request through one layer shares.
-#[derive(Clone)]
-pub(super) struct Config {
-    pub(super) engine: Engine,
-    pub(super) key: Arc<dyn ExtractKey>,
-    pub(super) scope: Arc<dyn ExtractScope>,
-    pub(super) requirement: Arc<RequirementFn>,
-    pub(super) fingerprinter: Fingerprinter,
-    pub(super) policy: OutcomePolicy,
-    pub(super) in_progress: InProgressPolicy,
-    pub(super) body_limit: usize,
-    pub(super) body_read_timeout: Option<Duration>,
-    pub(super) stored_response_limit: usize,
-    pub(super) deny: Vec<HeaderName>,
-    pub(super) key_reused_status: StatusCode,
-    pub(super) replay_header: ReplayHeader,
-}
 
 /// Applies the verifier to a service: every keyed request runs at most once; retries get
 /// the stored response.
@@ -108,7 +61,9 @@ pub(super) struct Config {
 /// `idempotency-key` metadata (the header), its outcome is judged by its `grpc-status`
 /// (the HTTP status `google.rpc.Code` gives as its equivalent: `UNAVAILABLE` releases
 /// the key like a 503, `OK` and `ALREADY_EXISTS` are stored), and the layer's own
-/// answers are gRPC statuses ([`Rejection::into_grpc_response`]). Serve the layer over
+/// answers are gRPC statuses
+/// ([`Rejection::into_grpc_response`](crate::server::Rejection::into_grpc_response)).
+/// Serve the layer over
 /// HTTP/2 (hyper's `http2` builder, or `axum::serve` with axum's `http2` feature).
 /// The request is buffered like any other (up to [`IdempotencyLayer::body_limit`]), so
 /// the layer fits unary and server-streaming calls; a server stream is teed like any
@@ -169,14 +124,6 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("key_reused_status", &self.cfg.key_reused_status)
             .field("replay_header", &self.cfg.replay_header)
             .finish_non_exhaustive()
-    }
-}
-
-fn default_requirement(parts: &Parts) -> KeyRequirement {
-    if is_safe(&parts.method) {
-        KeyRequirement::Off
-    } else {
-        KeyRequirement::Required
     }
 }
 

@@ -1,22 +1,20 @@
-//! The tower layer, in tower-http's layout: [`IdempotencyLayer`] (its configuration, in
-//! `layer.rs`), [`Idempotency`] (the service and the pipeline each request goes
+//! The tower layer, in tower-http's layout: [`IdempotencyLayer`] (its setters, in
+//! `layer.rs`; what they build, the runtime configuration every request shares, in
+//! `config.rs`), [`Idempotency`] (the service and the pipeline each request goes
 //! through, in `service.rs`) and [`ResponseFuture`] (with the future that finishes a
 //! handler whose caller went away, in `future.rs`). The bodies it hands on are in
 //! [`body`](super::body), stored responses beside [`record`](super::record); the tee
 //! that streams a response while it copies it to the record is in `tee.rs`, gRPC's
-//! particulars in `grpc.rs`.
+//! particulars beside the bodies (`server/grpc.rs`).
 
+mod config;
 mod future;
-pub(crate) mod grpc;
 #[allow(clippy::module_inception)] // tower-http's layout: `layer/layer.rs` is the Layer
 mod layer;
 mod service;
 mod tee;
 
-pub(crate) use self::grpc::encode_message as grpc_message;
-
+pub use self::config::KeyRequirement;
 pub use self::future::ResponseFuture;
-pub use self::layer::{
-    DEFAULT_BODY_LIMIT, DEFAULT_STORED_RESPONSE_LIMIT, IdempotencyLayer, KeyRequirement,
-};
+pub use self::layer::{DEFAULT_BODY_LIMIT, DEFAULT_STORED_RESPONSE_LIMIT, IdempotencyLayer};
 pub use self::service::Idempotency;

@@ -13,14 +13,14 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use super::config::{Config, KeyRequirement};
 use super::future::{DetachOnDrop, ResponseFuture};
-use super::grpc;
-use super::layer::{Config, KeyRequirement};
 use super::tee::{self, Prefetch, Tee};
 use crate::IdempotencyKey;
 use crate::server::body::{self, BoxError, ReadError, RequestBody, ResponseBody};
 use crate::server::engine::Claimed;
 use crate::server::execution::Execution;
+use crate::server::grpc;
 use crate::server::policy::{InProgressPolicy, Outcome};
 use crate::server::rejection::Rejection;
 use crate::server::stored_response;

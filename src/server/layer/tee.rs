@@ -25,11 +25,11 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 
-use super::grpc;
-use super::layer::Config;
+use super::config::Config;
 use crate::protocol::Problem;
 use crate::server::body::{self, BoxError};
 use crate::server::execution::{Completion, Execution, RenewGuard};
+use crate::server::grpc;
 use crate::server::policy::Outcome;
 use crate::server::stored_response;
 use crate::store::StoreError;
