@@ -160,7 +160,7 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 /// `SCAN`s the keys under the prefix (on every primary of a cluster) and reads each
 /// record (pipelined): it costs a read per record the store holds, a tool for
 /// operators, not for the request path. Redis CPU per request, measured with
-/// `INFO commandstats`, is in BENCHMARKS.md (`examples/redis_cpu.rs`).
+/// `INFO commandstats`, is in BENCHMARKS.md (`perf/src/bin/redis_cpu.rs`).
 ///
 /// # Durability across failover
 ///

@@ -1,4 +1,4 @@
-//! The floor of a verifier, for the load program (`examples/load.rs`): the least work any
+//! The floor of a verifier, for the load program (`perf/src/bin/load/`): the least work any
 //! verifier must do for a keyed request, written as plainly and cheaply as it can be, so
 //! that idemkey's verifier is measured against what the job itself costs and not only
 //! against a handler without one.

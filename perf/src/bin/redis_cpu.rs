@@ -2,7 +2,7 @@
 //! against the floor of plain commands, counted by the server with `INFO commandstats`.
 //!
 //! ```sh
-//! cargo run --release --features redis --example redis_cpu -- [--requests 20000]
+//! cargo run --release -p perf --bin redis_cpu -- [--requests 20000]
 //! ```
 //!
 //! Starts a private `redis-server` (on `PATH`) on a free port of 127.0.0.1, without

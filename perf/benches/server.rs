@@ -4,7 +4,7 @@
 //! against the bare handler over loopback (time to first byte, and to the last).
 //!
 //! ```sh
-//! cargo bench --bench server -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p perf --bench server -- --warm-up-time 1 --measurement-time 3
 //! ```
 
 use std::convert::Infallible;

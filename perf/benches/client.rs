@@ -2,7 +2,7 @@
 //! bare reqwest client, both on the same loopback server in the same run.
 //!
 //! ```sh
-//! cargo bench --bench client --all-features -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p perf --bench client -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Besides criterion's figures it prints interleaved measurements (alternating rounds,
@@ -20,7 +20,7 @@
 //!   alike, and the low quantiles (the round trips nothing disturbed) are what the
 //!   stack's own cost moves.
 //!
-//! `examples/client_overhead.rs` runs the same loopback calls for an instruction counter
+//! `perf/src/bin/client_overhead.rs` runs the same loopback calls for an instruction counter
 //! (callgrind), the figure the machine's load cannot move.
 
 use std::hint::black_box;

@@ -9,7 +9,7 @@
 //! - `<store>/replay`: one completed key (claim returns the stored reply).
 //!
 //! Needs Redis, PostgreSQL and MariaDB (or MySQL) as the tests do (`IDEMKEY_REDIS_URL`,
-//! `IDEMKEY_POSTGRES_URL`, `IDEMKEY_MYSQL_URL`). Run: `cargo bench --all-features --bench stores --
+//! `IDEMKEY_POSTGRES_URL`, `IDEMKEY_MYSQL_URL`). Run: `cargo bench -p perf --bench stores --
 //! --warm-up-time 1 --measurement-time 3`.
 
 use std::net::SocketAddr;

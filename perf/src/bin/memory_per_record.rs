@@ -2,7 +2,7 @@
 //! the process's resident set while the verifier completes many small charges.
 //!
 //! ```sh
-//! cargo run --release --example memory_per_record -- [--records 400000]
+//! cargo run --release -p perf --bin memory_per_record -- [--records 400000]
 //! ```
 //!
 //! Each request is a fresh key posted in-process (no network) to a small charge handler

@@ -26,7 +26,7 @@
 //! given as a ratio to the unjournaled baseline of the same concurrency, with the
 //! journal's commits per call (for SQLite, each commit is one WAL sync).
 //!
-//! Run: `cargo bench --all-features --bench outbox`.
+//! Run: `cargo bench -p perf --bench outbox`.
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its table")]
 

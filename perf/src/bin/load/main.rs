@@ -2,14 +2,14 @@
 //! run, alternating, so that a shared or noisy machine affects both alike.
 //!
 //! ```sh
-//! cargo run --release --example load -- [--seconds 5] [--rounds 3] [--connections 32] [--threads 2]
+//! cargo run --release -p perf --bin load -- [--seconds 5] [--rounds 3] [--connections 32] [--threads 2]
 //!     [--delay-ms MS] [--proxy PATH/TO/idemkey]
 //! ```
 //!
 //! It starts a server process of its own (this program with `--serve`) that serves the
 //! charge app of `examples/common/charge_app.rs` three times, on three ports:
 //! `POST /v1/charges` bare, behind `IdempotencyLayer` over the memory store, and behind
-//! the floor verifier of `examples/common/floor.rs` (the least work any verifier must do:
+//! the floor verifier of `floor.rs` beside this file (the least work any verifier must do:
 //! hash key and scope, fingerprint the body, claim and complete a record in a concurrent
 //! map, keep a copy of the answer). Then it drives, for each round, five workloads of
 //! `--seconds` each over `--connections` keep-alive HTTP/1.1 connections:
@@ -28,8 +28,8 @@
 //! I/O, as an API behind the proxy has).
 //!
 //! `--store URL` puts the verifier over the store `idemkey::store::open` makes of URL
-//! (`redis://127.0.0.1:6379`, `postgres://user@host/db`, `sqlite://PATH`; Redis needs
-//! `--features redis`) instead of the memory store. Keys carry the driver's process id,
+//! (`redis://127.0.0.1:6379`, `postgres://user@host/db`, `sqlite://PATH`, `mysql://...`)
+//! instead of the memory store. Keys carry the driver's process id,
 //! so a store that outlives a run does not turn the next run's fresh keys into replays.
 //!
 //! It prints requests per second per round and workload, then the ratios against
@@ -43,8 +43,8 @@
 //! server process; each round drives `fresh` and `replay` against both verifiers, in
 //! alternating order, and it prints `fresh this/other` and `replay this/other`. Both
 //! servers install the Prometheus recorder of `examples/common/metrics.rs`, so a build
-//! with `--features metrics` measures idemkey's metrics with a real recorder against
-//! the same program without them (BENCHMARKS.md, "Cost of the metrics").
+//! with `--features metrics` (perf's, which turns on idemkey's) measures idemkey's
+//! metrics with a real recorder against the same program without them.
 //!
 //! With `--drive ADDR --requests N --workload bare|fresh|replay`, it sends N requests one
 //! after another over one keep-alive connection to a server already serving at ADDR
@@ -73,11 +73,10 @@ use idemkey::store::MemoryStore;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-#[path = "common/charge_app.rs"]
+#[path = "../../../../examples/common/charge_app.rs"]
 mod charge_app;
-#[path = "common/floor.rs"]
 mod floor;
-#[path = "common/metrics.rs"]
+#[path = "../../../../examples/common/metrics.rs"]
 mod metrics;
 use charge_app::ChargeApp;
 

@@ -3,10 +3,10 @@
 //! kind, to a server on its own thread.
 //!
 //! ```sh
-//! cargo build --release --example client_overhead
+//! cargo build --release -p perf --bin client_overhead
 //! for kind in stack by_hand retry_by_hand bare required; do
 //!   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file=cg.$kind \
-//!     target/release/examples/client_overhead $kind 5000
+//!     target/release/client_overhead $kind 5000
 //! done
 //! grep -m1 summary cg.*-01   # the client thread; divide by 5000
 //! ```
