@@ -48,17 +48,24 @@
 //! # Ok(()) }
 //! ```
 
-pub mod conformance;
 mod faults;
-#[cfg(feature = "outbox")]
-#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
-pub mod journal_conformance;
 mod proxy;
 mod server;
 
 pub use faults::{Fault, FaultInjector, FaultPlan, FaultRates, FaultStats, Shot};
 pub use proxy::FaultProxy;
 pub use server::TestServer;
+
+/// The store conformance suite (`idemkey-server`'s, feature `conformance` there).
+#[doc(inline)]
+pub use idemkey_server::conformance;
+
+/// The outbox journal conformance suite (`idemkey-client`'s, features `outbox` and
+/// `conformance` there).
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+#[doc(inline)]
+pub use idemkey_client::outbox::conformance as journal_conformance;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,697 @@
+//! The shared durable store on PostgreSQL (feature `postgres`).
+//!
+//! The schema and what it costs are documented on [`PostgresStore`]; here, how the
+//! statements work.
+//!
+//! # Statements
+//!
+//! The claim is one statement around `INSERT ... ON CONFLICT (id) DO UPDATE ...
+//! RETURNING`:
+//!
+//! 1. A CTE reads the live row (`expires_at > now()`) as the statement's snapshot sees
+//!    it. If there is one (a replay, or a duplicate of a running request), it is the
+//!    answer, and the statement writes and locks nothing.
+//! 2. Otherwise the `INSERT` runs. On a conflict (an expired row, or a row a concurrent
+//!    claim inserted after the snapshot was taken) the update keeps every column of a
+//!    live row (each `SET` is `CASE WHEN <expired> THEN <new> ELSE <old> END`), so it
+//!    always returns the row as it stands after the claim, under its row lock: the
+//!    claim won when the returned token is its own, and otherwise the returned row is
+//!    the live record. A plain `DO UPDATE ... WHERE <expired>` would return nothing in
+//!    the race (the new row is invisible to the snapshot) and need a second statement.
+//!
+//! Complete, renew and release are `UPDATE`/`DELETE ... WHERE id = $1 AND token = $2
+//! AND payload IS NULL AND <kept>`, where `<kept>` is "lease end + retention is still
+//! ahead": a taken-over token matches no row, while an owner whose lease expired and
+//! whom nobody took over still writes (contract rule 3). Every time decision uses the
+//! database's `now()`, so all instances agree on one clock.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, Row};
+
+use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
+use super::sql::{
+    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
+    fenced, sql, unavailable,
+};
+use super::{
+    Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
+    StoreError, Watch, clamp_forever,
+};
+
+/// A store shared by every instance of an application through one PostgreSQL database.
+///
+/// Cheap to clone (clones share one connection pool). Connection failures and pool
+/// timeouts are [`StoreError::is_unavailable`], so the verifier answers 503 while the
+/// database is down and resumes by itself when it is back.
+///
+/// ```no_run
+/// use idemkey::store::PostgresStore;
+/// # async fn demo() -> Result<(), idemkey::store::StoreError> {
+/// let store = PostgresStore::builder("postgres://app@db/payments")
+///     .table("idempotency_records")
+///     .connect()
+///     .await?;
+/// store.migrate().await?; // CREATE TABLE IF NOT EXISTS ...
+/// # Ok(()) }
+/// ```
+///
+/// # Schema
+///
+/// One table (default `idemkey_records`), created by [`PostgresStore::migrate`] or by your
+/// own migrations from [`PostgresStore::schema_sql`]:
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS idemkey_records (
+///     id          bytea       PRIMARY KEY,        -- RecordId: SHA-256 of scope and key
+///     fingerprint bytea       NOT NULL,
+///     token       bytea,                          -- the owner's token while in progress
+///     payload     bytea,                          -- set once completed
+///     taken_over  boolean     NOT NULL DEFAULT false,
+///     expires_at  timestamptz NOT NULL,           -- lease end, or retention end
+///     created     timestamptz NOT NULL DEFAULT now(), -- the current claim's time
+///     retention   bigint      NOT NULL DEFAULT 0  -- µs an abandoned claim is kept
+///                                                 -- past its lease
+/// );
+/// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
+///     created timestamptz NOT NULL DEFAULT now();
+/// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
+///     retention bigint NOT NULL DEFAULT 0;
+/// CREATE INDEX IF NOT EXISTS idemkey_records_expires_at ON idemkey_records (expires_at);
+/// CREATE INDEX IF NOT EXISTS idemkey_records_in_progress ON idemkey_records (created)
+///     WHERE payload IS NULL;
+/// ```
+///
+/// The `ALTER TABLE`s upgrade a table of the previous schema (without `created` and
+/// `retention`) in place: its rows show the time of the upgrade as `created`, and its
+/// abandoned claims are not kept past their lease. On a large table, create the
+/// `_in_progress` index yourself first (`CREATE INDEX CONCURRENTLY`, same name) so that
+/// building it does not block writes; the upgrade then skips it. [`PostgresStore::migrate`]
+/// runs nothing once the schema is current, so starting an instance takes no lock on the
+/// table.
+///
+/// # Costs
+///
+/// A fresh request costs 2 statements (claim, complete), a replay 1, and every time
+/// decision uses the database's `now()`, so all instances agree on one clock. Expired
+/// rows stay until [`Store::sweep`] deletes them (they count as absent meanwhile;
+/// abandoned claims are kept for their retention past their lease): schedule it, e.g.
+/// every few minutes with [`spawn_sweeper`](crate::store::spawn_sweeper).
+/// [`Store::list_in_progress`] reads the `_in_progress` index, oldest claim first.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    table: TableName,
+    sql: Arc<Statements>,
+    inbox_retention: Duration,
+
+    /// With [`PostgresStoreBuilder::notify`]: the waiters woken by `LISTEN`.
+    notifier: Option<Arc<Notifier>>,
+}
+
+/// The channel complete and release notify (with `notify(true)`), the record id in hex
+/// as payload.
+const CHANNEL: &str = "idemkey_settled";
+
+/// The waiters of this store's records, woken by one `LISTEN` connection per store,
+/// opened at the first watch (and again at the next watch once it was lost).
+struct Notifier {
+    settlements: Settlements,
+    listener: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.abort();
+        }
+    }
+}
+
+struct Statements {
+    claim: Arc<str>,
+    complete: Arc<str>,
+    renew: Arc<str>,
+    release: Arc<str>,
+    sweep: Arc<str>,
+    inspect: Arc<str>,
+    force_release: Arc<str>,
+    list_in_progress: Arc<str>,
+    schema_is_current: Arc<str>,
+    inbox_insert: Arc<str>,
+    inbox_lock: Arc<str>,
+    inbox_take: Arc<str>,
+    inbox_record: Arc<str>,
+}
+
+impl Statements {
+    fn new(t: &str, notify: bool) -> Self {
+        let sets = claim_sets("r.expires_at <= now()", "r.");
+        let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
+        // The end of the time a row is kept: retention end once completed, lease end
+        // plus the claim's retention while in progress (an abandoned claim, rule 4).
+        let kept_until = "CASE WHEN payload IS NULL \
+            THEN expires_at + retention * interval '1 microsecond' ELSE expires_at END";
+        let held = "id = $1 AND token = $2 AND payload IS NULL \
+            AND expires_at + retention * interval '1 microsecond' > now()";
+        let info = "id, payload IS NULL AS in_progress, fingerprint,
+  octet_length(payload)::bigint AS payload_len,
+  (extract(epoch FROM created) * 1000000)::bigint AS created,
+  (extract(epoch FROM expires_at) * 1000000)::bigint AS expires";
+        Self {
+            claim: format!(
+                "WITH live AS (
+  SELECT false AS won, taken_over, fingerprint, payload, {remaining}
+  FROM {t} WHERE id = $1::bytea AND expires_at > now()
+), claimed AS (
+  INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at, created,
+    retention)
+  SELECT $1::bytea, $2::bytea, $3::bytea, NULL, false,
+    now() + $4::bigint * interval '1 microsecond', now(), $5::bigint
+  WHERE NOT EXISTS (SELECT 1 FROM live)
+  ON CONFLICT (id) DO UPDATE SET
+    {sets}
+  RETURNING coalesce(token = $3::bytea, false) AS won, taken_over, fingerprint, payload,
+    {remaining}
+)
+SELECT * FROM claimed UNION ALL SELECT * FROM live"
+            )
+            .into(),
+            complete: notified(
+                &format!(
+                    "UPDATE {t} SET payload = $3, token = NULL,
+  expires_at = now() + $4 * interval '1 microsecond' WHERE {held}"
+                ),
+                notify,
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = now() + $3 * interval '1 microsecond' WHERE {held}"
+            )
+            .into(),
+            release: notified(&format!("DELETE FROM {t} WHERE {held}"), notify),
+            sweep: format!(
+                "DELETE FROM {t} WHERE expires_at <= now() AND (payload IS NOT NULL
+  OR expires_at + retention * interval '1 microsecond' <= now())"
+            )
+            .into(),
+            inspect: format!("SELECT {info} FROM {t} WHERE id = $1 AND {kept_until} > now()")
+                .into(),
+            force_release: format!(
+                "DELETE FROM {t} WHERE id = $1 RETURNING {kept_until} > now() AS shown"
+            )
+            .into(),
+            list_in_progress: format!(
+                "SELECT {info} FROM {t} WHERE payload IS NULL
+  AND expires_at + retention * interval '1 microsecond' > now()
+ORDER BY created LIMIT $1"
+            )
+            .into(),
+            schema_is_current: "SELECT to_regclass($1) IS NOT NULL
+  AND (SELECT count(*) FROM pg_attribute
+       WHERE attrelid = to_regclass($1) AND attname = ANY($2) AND NOT attisdropped)
+      = cardinality($2)
+  AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL"
+                .into(),
+            // The inbox's statements run in the caller's transaction, where `now()` is
+            // the transaction's start: `statement_timestamp()` is the time now.
+            inbox_insert: format!(
+                "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at, created,
+    retention)
+  VALUES ($1, $2, NULL, NULL, false,
+    statement_timestamp() + $3 * interval '1 microsecond', statement_timestamp(), 0)
+  ON CONFLICT (id) DO NOTHING"
+            )
+            .into(),
+            inbox_lock: format!(
+                "SELECT false AS won, false AS taken_over, fingerprint, payload,
+  expires_at > statement_timestamp() AS live,
+  (extract(epoch FROM expires_at - statement_timestamp()) * 1000000)::bigint AS remaining
+FROM {t} WHERE id = $1 FOR UPDATE"
+            )
+            .into(),
+            inbox_take: format!(
+                "UPDATE {t} SET fingerprint = $2, token = NULL, payload = NULL, taken_over = false,
+  expires_at = statement_timestamp() + $3 * interval '1 microsecond',
+  created = statement_timestamp(), retention = 0
+WHERE id = $1"
+            )
+            .into(),
+            inbox_record: format!("UPDATE {t} SET payload = $2 WHERE id = $1").into(),
+        }
+    }
+}
+
+/// A fenced write (one row, or none when fenced) that, with `notify`, also notifies
+/// [`CHANNEL`] of the row it wrote, in the same statement (so in its transaction: the
+/// notice goes out when the write commits). The statement then counts the rows it
+/// selected, one per row written, as the write alone would.
+fn notified(write: &str, notify: bool) -> Arc<str> {
+    if notify {
+        format!(
+            "WITH written AS ({write} RETURNING id)
+SELECT pg_notify('{CHANNEL}', encode(id, 'hex')) FROM written"
+        )
+        .into()
+    } else {
+        write.into()
+    }
+}
+
+/// Configures a [`PostgresStore`]; made by [`PostgresStore::builder`].
+#[derive(Clone)]
+pub struct PostgresStoreBuilder {
+    url: String,
+    table: String,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    inbox_retention: Duration,
+
+    notify: bool,
+}
+
+impl std::fmt::Debug for PostgresStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: not shown.
+        f.debug_struct("PostgresStoreBuilder")
+            .field("table", &self.table)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("inbox_retention", &self.inbox_retention)
+            .field("notify", &self.notify)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The table (default `idemkey_records`), optionally schema-qualified
+    /// (`"billing.idempotency"`). Letters, digits and `_` only.
+    #[must_use]
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The size of the connection pool (default 16).
+    #[must_use]
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// How long a request waits for a pooled connection before it gets a 503
+    /// (default 3 s).
+    #[must_use]
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long [`PostgresStore::once_in`] keeps a processed message's record
+    /// (default 7 days): a redelivery within it is recognised; one after it runs again.
+    #[must_use]
+    pub fn inbox_retention(mut self, retention: Duration) -> Self {
+        self.inbox_retention = retention;
+        self
+    }
+
+    /// Notify waiting duplicates (default off): complete and release `NOTIFY` the
+    /// channel `idemkey_settled`, and [`Store::watch`] `LISTEN`s on it (one connection
+    /// per store, opened at the first watch), so that a duplicate that waits for a
+    /// running request ([`InProgressPolicy::Wait`](crate::InProgressPolicy::Wait))
+    /// is answered as soon as the outcome commits instead of at its next poll.
+    ///
+    /// Off by default because a `NOTIFY` takes a database-wide lock at commit, which
+    /// serializes the commits of every transaction that notifies; turn it on where
+    /// duplicates wait, on every instance that writes to the table (an instance
+    /// without it completes records silently, and the waiters of the others poll).
+    ///
+    /// ```
+    /// let builder = idemkey::store::PostgresStore::builder("postgres://localhost/app").notify(true);
+    /// # let _ = builder;
+    /// ```
+    #[must_use]
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// Connects (one connection now, the rest on demand). Does not create the table:
+    /// call [`PostgresStore::migrate`] or run [`PostgresStore::schema_sql`] yourself.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_configuration`] when the table name or the URL is invalid, or
+    /// the server refuses the URL's database, user or password;
+    /// [`StoreError::is_unavailable`] when the server cannot be reached (the message
+    /// names the host and port tried).
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        let table = TableName::parse(&self.table)?;
+        let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+            .map_err(|e| connect_failed("PostgreSQL", "?", e))?;
+        let at = format!("{}:{}", options.get_host(), options.get_port());
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_with(options)
+            .await
+            .map_err(|e| connect_failed("PostgreSQL", &at, e))?;
+        let sql = Arc::new(Statements::new(table.quoted(), self.notify));
+        let notifier = self.notify.then(|| {
+            Arc::new(Notifier {
+                settlements: Settlements::default(),
+                listener: tokio::sync::Mutex::new(None),
+            })
+        });
+        Ok(PostgresStore {
+            pool,
+            table,
+            sql,
+            inbox_retention: self.inbox_retention,
+
+            notifier,
+        })
+    }
+}
+
+impl PostgresStore {
+    /// A builder for a store at `url` (`postgres://user[:password]@host[:port]/database`).
+    #[must_use]
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url: url.into(),
+            table: DEFAULT_TABLE.to_owned(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(3),
+            inbox_retention: DEFAULT_INBOX_RETENTION,
+
+            notify: false,
+        }
+    }
+
+    /// Connects to `url` with the default settings (and does not create the table).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_unavailable`] when the URL is invalid or the database cannot be
+    /// reached.
+    pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// The schema this store needs, as SQL, for applications that run their own
+    /// migrations: `CREATE ... IF NOT EXISTS` and `ADD COLUMN IF NOT EXISTS`, so it can
+    /// be run again, and it upgrades a table of the previous schema in place (see
+    /// [`PostgresStore`]).
+    #[must_use]
+    pub fn schema_sql(&self) -> String {
+        let t = self.table.quoted();
+        let (expiry, in_progress) = (
+            self.table.index_name("expires_at"),
+            self.table.index_name("in_progress"),
+        );
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+    id          bytea       PRIMARY KEY,
+    fingerprint bytea       NOT NULL,
+    token       bytea,
+    payload     bytea,
+    taken_over  boolean     NOT NULL DEFAULT false,
+    expires_at  timestamptz NOT NULL,
+    created     timestamptz NOT NULL DEFAULT now(),
+    retention   bigint      NOT NULL DEFAULT 0
+);
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS created timestamptz NOT NULL DEFAULT now();
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS retention bigint NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS {expiry} ON {t} (expires_at);
+CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;"
+        )
+    }
+
+    /// Creates the table and its indexes if they do not exist, and upgrades a table of
+    /// the previous schema in place ([`PostgresStore::schema_sql`]). Safe to call from
+    /// every instance at start-up: it reads the catalog first and runs no DDL (takes no
+    /// lock on the table) once the schema is current, and concurrent upgrades are
+    /// serialised by an advisory lock.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_unavailable`] when the database cannot be reached or refuses the
+    /// DDL (for example for lack of privileges).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let err = |e| unavailable("PostgreSQL: creating the schema", e);
+        let current: bool = sqlx::query_scalar(sql(&self.sql.schema_is_current))
+            .bind(self.table.quoted())
+            .bind(ADDED_COLUMNS.as_slice())
+            .bind(self.table.qualified_index_name("expires_at"))
+            .bind(self.table.qualified_index_name("in_progress"))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+        if current {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idemkey schema {}", self.table.quoted()))
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        sqlx::raw_sql(AssertSqlSafe(self.schema_sql()))
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)
+    }
+}
+
+impl InboxSql for PostgresStore {
+    type Db = Postgres;
+    type Conn = PgConnection;
+
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        fingerprint: &[u8],
+    ) -> Result<Claim, StoreError> {
+        let err = |e| unavailable("PostgreSQL: the inbox claiming a record", e);
+        let retention = micros(self.inbox_retention);
+        // A row that disappears between the two statements (swept, released) is
+        // inserted again; three rounds make that race practically impossible to lose.
+        for _ in 0..3 {
+            let inserted = sqlx::query(sql(&self.sql.inbox_insert))
+                .bind(id.as_bytes().as_slice())
+                .bind(fingerprint)
+                .bind(retention)
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+            if inserted.rows_affected() == 1 {
+                return Ok(Claim::Acquired { takeover: false });
+            }
+            let Some(row) = sqlx::query(sql(&self.sql.inbox_lock))
+                .bind(id.as_bytes().as_slice())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(err)?
+            else {
+                continue;
+            };
+            let live: bool = row
+                .try_get("live")
+                .map_err(|e| StoreError::corrupt(format!("the inbox's claim returned {e}")))?;
+            if live {
+                return decode_claim(&row, Duration::from_micros);
+            }
+            sqlx::query(sql(&self.sql.inbox_take))
+                .bind(id.as_bytes().as_slice())
+                .bind(fingerprint)
+                .bind(retention)
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+            return Ok(Claim::Acquired { takeover: true });
+        }
+        Err(StoreError::unavailable(
+            "PostgreSQL: the inbox's record was removed three times while being claimed",
+            "retry the message",
+        ))
+    }
+
+    async fn record(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(sql(&self.sql.inbox_record))
+            .bind(id.as_bytes().as_slice())
+            .bind(payload)
+            .execute(&mut *conn)
+            .await
+            .map(|r| r.rows_affected());
+        fenced("PostgreSQL: the inbox recording a result", done)
+    }
+}
+
+/// A duration in whole microseconds, "forever" held to 100 years.
+fn micros(d: Duration) -> i64 {
+    // 100 years in microseconds is far below i64::MAX.
+    i64::try_from(clamp_forever(d).as_micros()).unwrap_or(i64::MAX)
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let row = sqlx::query(sql(&self.sql.claim))
+            .bind(req.id.as_bytes().as_slice())
+            .bind(req.fingerprint)
+            .bind(req.token.to_bytes().as_slice())
+            .bind(micros(req.lease))
+            .bind(micros(req.retention))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: claiming a record", e))?;
+        decode_claim(&row, Duration::from_micros)
+    }
+
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let q = sqlx::query(sql(&self.sql.complete))
+            .bind(id.as_bytes().as_slice())
+            .bind(token.to_bytes().as_slice())
+            .bind(payload.as_ref())
+            .bind(micros(retention));
+        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
+        fenced("PostgreSQL: completing a record", done)
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let q = sqlx::query(sql(&self.sql.renew))
+            .bind(id.as_bytes().as_slice())
+            .bind(token.to_bytes().as_slice())
+            .bind(micros(lease));
+        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
+        fenced("PostgreSQL: renewing a lease", done)
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        let q = sqlx::query(sql(&self.sql.release))
+            .bind(id.as_bytes().as_slice())
+            .bind(token.to_bytes().as_slice());
+        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
+        fenced("PostgreSQL: releasing a record", done)
+    }
+
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql(&self.sql.sweep))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: sweeping expired records", e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        let row = sqlx::query(sql(&self.sql.inspect))
+            .bind(id.as_bytes().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: inspecting a record", e))?;
+        row.map(|r| decode_info(&r, Duration::from_micros))
+            .transpose()
+    }
+
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let shown: Option<bool> = sqlx::query_scalar(sql(&self.sql.force_release))
+            .bind(id.as_bytes().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: force-releasing a record", e))?;
+        Ok(shown.unwrap_or(false))
+    }
+
+    /// With [`PostgresStoreBuilder::notify`], woken by `LISTEN`; polling otherwise.
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Ok(Box::new(PollingWatch::default()));
+        };
+        // Armed before the listener is known to listen: a notice from then on wakes it.
+        let watch = notifier.settlements.subscribe(id);
+        self.listen(notifier).await?;
+        Ok(Box::new(watch))
+    }
+
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        let rows = sqlx::query(sql(&self.sql.list_in_progress))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: listing records in progress", e))?;
+        rows.iter()
+            .map(|r| decode_info(r, Duration::from_micros))
+            .collect()
+    }
+}
+
+impl PostgresStore {
+    /// Starts the `LISTEN` task of `notifier` unless it runs; returns once it listens.
+    async fn listen(&self, notifier: &Arc<Notifier>) -> Result<(), StoreError> {
+        let mut listener = notifier.listener.lock().await;
+        if listener.as_ref().is_some_and(|l| !l.is_finished()) {
+            return Ok(());
+        }
+        let mut pg = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: connecting to LISTEN", e))?;
+        pg.listen(CHANNEL)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: LISTEN", e))?;
+        // Not the notifier itself: its drop ends this task.
+        let weak = Arc::downgrade(notifier);
+        *listener = Some(tokio::spawn(async move {
+            loop {
+                let n = match pg.recv().await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the LISTEN connection of the store's waiters failed; the next watch opens it again");
+                        return;
+                    }
+                };
+                let Some(notifier) = weak.upgrade() else {
+                    return;
+                };
+                let mut id = [0_u8; 32];
+                if hex::decode_to_slice(n.payload(), &mut id).is_ok() {
+                    notifier.settlements.notify(&RecordId::from_bytes(id));
+                }
+            }
+        }));
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.table.quoted())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,760 @@
+//! Presets: the id source, scope and retention floor of each sender.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName};
+
+use super::signature::{SVIX_ID, VerifySignature, WEBHOOK_ID};
+use crate::engine::Engine;
+use crate::extract::{ExtractKey, ExtractScope, Input, KeySource, ScopeSource};
+use crate::fingerprint::Fingerprinter;
+use crate::layer::{IdempotencyLayer, KeyRequirement};
+use crate::policy::OutcomePolicy;
+use crate::rejection::Rejection;
+use crate::store::RecordId;
+use idemkey_core::key::IdempotencyKey;
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a webhook delivery's record is kept by default: 7 days.
+///
+/// Longer than the automatic retry window of every sender with a preset here, so that a
+/// late retry is still recognised. Presets whose sender may redeliver later carry a
+/// higher [floor](Preset::min_retention).
+pub const DEFAULT_WEBHOOK_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How one sender's webhook deliveries are identified: where the id comes from, how
+/// deliveries are scoped, and how long their records must be kept.
+///
+/// Every preset names its source in the provider's public documentation. The retention
+/// is [`DEFAULT_WEBHOOK_RETENTION`] unless configured with [`Preset::retention`], and
+/// never below the preset's [floor](Preset::min_retention): the time during which the
+/// sender may deliver the same event again. A record dropped before that would let a
+/// late retry execute twice.
+///
+/// Records are scoped by the preset's name (two senders never share records) and, where
+/// the sender has one, by the tenant the delivery belongs to (a Stripe connected
+/// account, a GitHub hook, a Shopify shop).
+///
+/// A preset identifies a delivery **by its id only**: retries of the same event may
+/// differ in their body (a Stripe event's `pending_webhooks` count changes between
+/// attempts) and always differ in their signature headers, so a verifier configured from
+/// a preset must not compare request bodies.
+///
+/// ```
+/// use idemkey::server::webhook::Preset;
+/// use http::HeaderMap;
+/// use std::time::Duration;
+///
+/// let stripe = Preset::stripe();
+/// let body = br#"{"id":"evt_1NG8Du2eZvKYlo2CUI79vXWy","object":"event","account":"acct_1","type":"charge.succeeded"}"#;
+/// let id = stripe.identify(&HeaderMap::new(), body)?.expect("Stripe events carry an id");
+/// assert_eq!(id.key().as_str(), "evt_1NG8Du2eZvKYlo2CUI79vXWy");
+/// assert_eq!(id.scope(), "webhook:stripe/acct_1");
+///
+/// // Stripe retries for up to three days: a shorter retention is raised to that floor.
+/// let short = Preset::stripe().retention(Duration::from_secs(3600));
+/// assert_eq!(short.effective_retention(), Duration::from_secs(3 * 24 * 3600));
+/// # Ok::<(), idemkey::server::Rejection>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Preset {
+    name: Arc<str>,
+    key: KeySource,
+    scope: Option<ScopeSource>,
+    key_required: bool,
+    retention: Retention,
+    verifier: Option<Verifier>,
+}
+
+/// A retention and the floor it is never set below: the one rule of presets and batch
+/// dedupers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Retention {
+    pub(super) requested: Duration,
+    pub(super) floor: Duration,
+}
+
+impl Retention {
+    /// [`DEFAULT_WEBHOOK_RETENTION`], no floor.
+    pub(super) const DEFAULT: Self = Self {
+        requested: DEFAULT_WEBHOOK_RETENTION,
+        floor: Duration::ZERO,
+    };
+
+    /// The retention in force: the requested one, raised to the floor.
+    pub(super) fn effective(self) -> Duration {
+        self.requested.max(self.floor)
+    }
+}
+
+/// A preset's signature check, shared by its clones.
+#[derive(Clone)]
+struct Verifier(Arc<dyn VerifySignature>);
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Verifiers hold secrets: say only that there is one.
+        f.write_str("<signature verifier>")
+    }
+}
+
+/// The identity of one delivery: its scope and its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryId {
+    scope: String,
+    key: IdempotencyKey,
+}
+
+impl DeliveryId {
+    /// The scope: `webhook:<preset name>`, followed by `/<tenant>` when the preset has a
+    /// scope source and the delivery names a tenant.
+    #[must_use]
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The delivery's id as an idempotency key.
+    #[must_use]
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The store address of this delivery's record.
+    #[must_use]
+    pub fn record_id(&self) -> RecordId {
+        RecordId::new(&self.scope, self.key.as_str())
+    }
+}
+
+/// The preset's key source: the delivery's id, or `Ok(None)` (the layer then applies the
+/// preset's requirement).
+///
+/// With a [verifier](Preset::verifier), the signature is checked first: a delivery whose
+/// signature does not hold is rejected (`401 signature-rejected`) here, before the layer
+/// asks the store anything.
+impl ExtractKey for Preset {
+    fn extract_key(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Option<IdempotencyKey>, Rejection> {
+        self.check_signature(&parts.headers, body)?;
+        self.key.extract(&parts.headers, body)
+    }
+
+    fn describe(&self) -> Cow<'static, str> {
+        ExtractKey::describe(&self.key)
+    }
+
+    fn missing(&self) -> Rejection {
+        Rejection::missing_delivery_id(&self.name, &ExtractKey::describe(&self.key))
+    }
+
+    /// A signed preset reads the body (its signature covers it) before judging anything,
+    /// even when its id is a header.
+    fn needs_body(&self) -> bool {
+        self.verifier.is_some() || ExtractKey::needs_body(&self.key)
+    }
+}
+
+/// The preset's scope: `webhook:<name>`, or `webhook:<name>/<tenant>`.
+impl ExtractScope for Preset {
+    fn extract_scope(&self, parts: &Parts, body: &Bytes) -> Result<String, Rejection> {
+        self.scope_of(&parts.headers, body)
+    }
+
+    fn needs_body(&self) -> bool {
+        self.scope.as_ref().is_some_and(ExtractScope::needs_body)
+    }
+}
+
+fn header(name: &'static str) -> HeaderName {
+    HeaderName::from_static(name)
+}
+
+impl Preset {
+    /// A preset of your own: deliveries identified by `key`, in the scope
+    /// `webhook:<name>`, id required, retention [`DEFAULT_WEBHOOK_RETENTION`], no floor.
+    ///
+    /// `name` should not contain `/` (it separates the name from the tenant in scopes).
+    #[must_use]
+    pub fn new(name: impl Into<Arc<str>>, key: KeySource) -> Self {
+        Self {
+            name: name.into(),
+            key,
+            scope: None,
+            key_required: true,
+            retention: Retention::DEFAULT,
+            verifier: None,
+        }
+    }
+
+    /// Checks every delivery's signature with `verifier` **before** anything else: the
+    /// preset's layer and [`Preset::identify`] answer a delivery whose signature does not
+    /// hold with `401 signature-rejected` ([`Problem::SignatureRejected`]) before its id
+    /// is read or any record is claimed. A forged delivery that reuses a genuine id thus
+    /// neither runs the handler nor receives the genuine delivery's replay, and a stale
+    /// one (outside the verifier's tolerance) is refused though its id is new.
+    ///
+    /// Any [`VerifySignature`] fits: [`StandardWebhooksVerifier`], [`HmacVerifier`],
+    /// [`DiditVerifier`], or one of your own.
+    ///
+    /// The layer steps aside on safe methods (`GET`, `HEAD`, `OPTIONS`, `TRACE`), and so
+    /// does the check: route webhooks with `post(..)`, as senders deliver them.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idemkey::server::Engine;
+    /// use idemkey::server::webhook::{HmacVerifier, Preset};
+    /// use idemkey::store::MemoryStore;
+    ///
+    /// let persona = Preset::persona().verifier(HmacVerifier::persona("wbhsec_test"));
+    /// let app: Router = Router::new()
+    ///     .route("/webhooks/persona", post(|| async { "processed" }))
+    ///     .route_layer(persona.layer(Engine::new(MemoryStore::new())));
+    /// # let _ = app;
+    /// ```
+    ///
+    /// [`Problem::SignatureRejected`]: idemkey_core::protocol::Problem::SignatureRejected
+    /// [`StandardWebhooksVerifier`]: super::StandardWebhooksVerifier
+    /// [`HmacVerifier`]: super::HmacVerifier
+    /// [`DiditVerifier`]: super::DiditVerifier
+    #[must_use]
+    pub fn verifier(mut self, verifier: impl VerifySignature) -> Self {
+        self.verifier = Some(Verifier(Arc::new(verifier)));
+        self
+    }
+
+    /// `true` when deliveries are checked by a [verifier](Preset::verifier) first.
+    #[must_use]
+    pub fn is_signed(&self) -> bool {
+        self.verifier.is_some()
+    }
+
+    fn check_signature(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), Rejection> {
+        match &self.verifier {
+            Some(Verifier(v)) => v.verify(headers, body).map_err(Rejection::from),
+            None => Ok(()),
+        }
+    }
+
+    /// Scopes deliveries by the tenant `scope` finds (absent: the preset's base scope).
+    #[must_use]
+    pub fn scope(mut self, scope: ScopeSource) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Sets the retention; values below the floor ([`Preset::retention_floor`]) are
+    /// raised to it. Read back with [`Preset::effective_retention`].
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention.requested = retention;
+        self
+    }
+
+    /// Sets the floor: the shortest retention allowed. Read back with
+    /// [`Preset::min_retention`].
+    #[must_use]
+    pub fn retention_floor(mut self, floor: Duration) -> Self {
+        self.retention.floor = floor;
+        self
+    }
+
+    /// Whether a delivery without an id is rejected (400, problem `missing-key`; the
+    /// default) or passed to the handler without deduplication (for handshakes that
+    /// carry no id, such as Slack's `url_verification`).
+    #[must_use]
+    pub fn key_required(mut self, required: bool) -> Self {
+        self.key_required = required;
+        self
+    }
+
+    /// The preset's name, the base of its scopes.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where the id comes from.
+    #[must_use]
+    pub fn key_source(&self) -> &KeySource {
+        &self.key
+    }
+
+    /// Where the tenant comes from, if the sender has tenants.
+    #[must_use]
+    pub fn scope_source(&self) -> Option<&ScopeSource> {
+        self.scope.as_ref()
+    }
+
+    /// `true` when a delivery without an id is rejected.
+    #[must_use]
+    pub fn is_key_required(&self) -> bool {
+        self.key_required
+    }
+
+    /// The retention in force: the one set with [`Preset::retention`] (default
+    /// [`DEFAULT_WEBHOOK_RETENTION`]), raised to the floor.
+    #[must_use]
+    pub fn effective_retention(&self) -> Duration {
+        self.retention.effective()
+    }
+
+    /// The floor ([`Preset::retention_floor`]): the shortest retention allowed, how long
+    /// the sender may deliver the same event again.
+    #[must_use]
+    pub fn min_retention(&self) -> Duration {
+        self.retention.floor
+    }
+
+    /// Whether the layer rejects a delivery without an id or passes it on.
+    fn requirement(&self) -> KeyRequirement {
+        if self.key_required {
+            KeyRequirement::Required
+        } else {
+            KeyRequirement::Optional
+        }
+    }
+
+    /// The scope of deliveries that name no tenant: `webhook:<name>`.
+    #[must_use]
+    pub fn base_scope(&self) -> String {
+        format!("webhook:{}", self.name)
+    }
+
+    /// Identifies a delivery from its headers and buffered body.
+    ///
+    /// Returns `Ok(None)` when the delivery has no id and the preset does not require
+    /// one: process it without deduplication.
+    ///
+    /// With a [verifier](Preset::verifier), the signature is checked first.
+    ///
+    /// # Errors
+    /// [`Rejection`]: the signature does not hold (401, `signature-rejected`); the id
+    /// is required and missing (400, `missing-key`), or an id is there but unusable
+    /// (`invalid-key`), or a tenant is (`invalid-scope`).
+    pub fn identify(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Option<DeliveryId>, Rejection> {
+        self.check_signature(headers, body)?;
+        let input = Input::new(headers, body);
+        let found = self.key.extract_in(&input)?;
+        let Some(key) = self.requirement().apply(found, self)? else {
+            return Ok(None);
+        };
+        let scope = self.scope_in(&input)?;
+        Ok(Some(DeliveryId { scope, key }))
+    }
+
+    /// The scope of a delivery (see [`DeliveryId::scope`]).
+    ///
+    /// # Errors
+    /// [`Rejection`] (`invalid-scope`) when the tenant is there but unusable.
+    pub fn scope_of(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, Rejection> {
+        self.scope_in(&Input::new(headers, body))
+    }
+
+    fn scope_in(&self, input: &Input<'_>) -> Result<String, Rejection> {
+        let tenant = match &self.scope {
+            Some(s) => s.extract_in(input)?,
+            None => None,
+        };
+        Ok(match tenant {
+            Some(t) => format!("webhook:{}/{t}", self.name),
+            None => self.base_scope(),
+        })
+    }
+
+    /// An [`IdempotencyLayer`] over `engine` for this sender's route: the key and scope
+    /// from this preset, a key required (or optional, see
+    /// [`Preset::key_required`]), the retention of [`Preset::effective_retention`], and a
+    /// fingerprint that leaves the body out ([`Fingerprinter::without_body`]; retries of one event may differ in their
+    /// body; the id decides), and [`OutcomePolicy::success_only`]: only a 2xx
+    /// acknowledges a delivery and is replayed; any other answer releases the id, so
+    /// the sender's redelivery is processed.
+    ///
+    /// A preset with a [verifier](Preset::verifier) checks each delivery's signature in
+    /// this layer, before the claim: nothing else is needed in front of it.
+    ///
+    /// **Apply it with axum's `Router::route_layer`, not `Router::layer`.** `route_layer`
+    /// wraps the routes only; `Router::layer` also wraps the router's fallback, so every
+    /// request to an unknown path (a typo, a sender not routed yet) would be answered
+    /// `400 missing-key` (or `401 signature-rejected`) by this layer instead of `404`,
+    /// and merging such a router into another one carries that fallback along. The same
+    /// goes for one route: `post(handler).route_layer(..)` on the method router, or
+    /// `Router::route_layer` after `.route(..)`.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idemkey::server::Engine;
+    /// use idemkey::server::webhook::{HmacVerifier, Preset};
+    /// use idemkey::store::MemoryStore;
+    ///
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let stripe = Preset::stripe().verifier(HmacVerifier::stripe("whsec_test_secret"));
+    /// let app: Router = Router::new()
+    ///     .route("/webhooks/stripe", post(|| async { "ok" }))
+    ///     // Routes only: `POST /elsewhere` stays a 404.
+    ///     .route_layer(stripe.layer(engine));
+    /// # let _ = app;
+    /// ```
+    #[must_use]
+    pub fn layer(&self, engine: Engine) -> IdempotencyLayer {
+        IdempotencyLayer::new(engine)
+            .key(self.clone())
+            .scope(self.clone())
+            .require(self.requirement())
+            .fingerprinter(Fingerprinter::new().without_body())
+            .policy(OutcomePolicy::success_only())
+            .retention(self.effective_retention())
+    }
+
+    /// [Standard Webhooks](https://www.standardwebhooks.com/): the `webhook-id` header.
+    ///
+    /// Source: Standard Webhooks specification, "Webhook headers": `webhook-id` is the
+    /// message's unique identifier, the same when the message is re-sent. No floor: the
+    /// specification leaves the retry schedule to the sender.
+    #[must_use]
+    pub fn standard_webhooks() -> Self {
+        Self::new("standard-webhooks", KeySource::header(WEBHOOK_ID))
+    }
+
+    /// Svix: the `svix-id` header (Standard Webhooks with Svix's header names).
+    ///
+    /// Source: Svix docs, "Verifying Webhooks Manually" (`svix-id`: the unique message
+    /// identifier, the same on retries) and "Retry Schedule" (attempts over about 27
+    /// hours: immediately, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h). Floor: 2 days.
+    #[must_use]
+    pub fn svix() -> Self {
+        Self::new("svix", KeySource::header(SVIX_ID)).retention_floor(2 * DAY)
+    }
+
+    /// Stripe: the event's `id` (`evt_...`) in the body, scoped by the connected
+    /// account (`account`) when the event belongs to one.
+    ///
+    /// Source: Stripe docs, Webhooks, "Handle duplicate events" (log the event ids you
+    /// have processed) and "Retry behavior" (live mode retries for up to three days with
+    /// exponential back-off). Floor: 3 days. Connect: events of connected accounts carry
+    /// the account id in `account`.
+    #[must_use]
+    pub fn stripe() -> Self {
+        Self::new("stripe", KeySource::json_pointer("/id"))
+            .scope(ScopeSource::json_pointer("/account"))
+            .retention_floor(3 * DAY)
+    }
+
+    /// GitHub: the `X-GitHub-Delivery` GUID, scoped by `X-GitHub-Hook-ID`, since one
+    /// delivery GUID reaches every hook subscribed to the event.
+    ///
+    /// Source: GitHub docs, "Webhook events and payloads", "Delivery headers"
+    /// (`X-GitHub-Hook-ID`: the webhook's id; `X-GitHub-Delivery`: a GUID for the
+    /// delivery) and "Redelivering webhooks" (a redelivery keeps the GUID; deliveries of
+    /// the past 3 days can be redelivered). Floor: 3 days.
+    ///
+    /// **What it cannot stop:** GitHub signs the body alone and sends no timestamp, so a
+    /// captured delivery re-sent with a fresh `X-GitHub-Delivery` passes the signature
+    /// check and is processed as a new delivery (see
+    /// [what deduplication cannot stop](crate::webhook#what-deduplication-cannot-stop-a-captured-delivery-re-sent-with-a-fresh-id)).
+    #[must_use]
+    pub fn github() -> Self {
+        Self::new("github", KeySource::header(header("x-github-delivery")))
+            .scope(ScopeSource::header(header("x-github-hook-id")))
+            .retention_floor(3 * DAY)
+    }
+
+    /// Shopify: the `X-Shopify-Webhook-Id` header, scoped by the shop
+    /// (`X-Shopify-Shop-Domain`). Each subscription's delivery of an event is processed
+    /// once; see [`Preset::shopify_events`] to process an event once across
+    /// subscriptions.
+    ///
+    /// Source: Shopify docs, "About webhooks" / "Best practices for webhooks" (ignore
+    /// duplicate webhooks by `X-Shopify-Webhook-Id`, which stays the same on retries) and
+    /// the developer changelog "Updates to webhook retry mechanism" (2024-09-10: failed
+    /// deliveries are retried 8 times over 4 hours, with the original payload). Floor:
+    /// 1 day.
+    #[must_use]
+    pub fn shopify() -> Self {
+        Self::new("shopify", KeySource::header(header("x-shopify-webhook-id")))
+            .scope(ScopeSource::header(header("x-shopify-shop-domain")))
+            .retention_floor(DAY)
+    }
+
+    /// Shopify, one record per event: the `X-Shopify-Event-Id` header, which is the same
+    /// for every subscription an event reaches (so several subscriptions collapse into
+    /// one processing), scoped by the shop.
+    ///
+    /// Source: Shopify docs, "About webhooks", "Headers" (`X-Shopify-Event-Id`
+    /// identifies the event that triggered the webhook). Floor: 1 day, as
+    /// [`Preset::shopify`].
+    #[must_use]
+    pub fn shopify_events() -> Self {
+        Self::new(
+            "shopify-events",
+            KeySource::header(header("x-shopify-event-id")),
+        )
+        .scope(ScopeSource::header(header("x-shopify-shop-domain")))
+        .retention_floor(DAY)
+    }
+
+    /// Slack Events API: the body's `event_id`, never the `X-Slack-Retry-Num` /
+    /// `X-Slack-Retry-Reason` headers (they count attempts, they do not identify the
+    /// event).
+    ///
+    /// The id is **not required**: the `url_verification` handshake carries none and
+    /// passes through without deduplication.
+    ///
+    /// Source: Slack docs, Events API, "Callback field overview" (`event_id`: unique
+    /// across all workspaces) and "Retries" (3 retries: nearly immediately, after one
+    /// minute, after five minutes). Floor: 1 hour.
+    #[must_use]
+    pub fn slack() -> Self {
+        Self::new("slack", KeySource::json_pointer("/event_id"))
+            .key_required(false)
+            .retention_floor(HOUR)
+    }
+
+    /// GitLab: the `Idempotency-Key` header GitLab sends with every webhook, the same
+    /// across retries of one event, scoped by the sending instance (`X-Gitlab-Instance`).
+    ///
+    /// Source: GitLab docs, Webhooks, "Delivery headers" (`Idempotency-Key`: unique per
+    /// webhook event, consistent across retries; `X-Gitlab-Instance`: the hostname of the
+    /// GitLab instance). No floor beyond the default.
+    #[must_use]
+    pub fn gitlab() -> Self {
+        Self::new(
+            "gitlab",
+            KeySource::header(idemkey_core::protocol::headers::IDEMPOTENCY_KEY),
+        )
+        .scope(ScopeSource::header(header("x-gitlab-instance")))
+    }
+
+    /// Paddle Billing: the body's `event_id` (`evt_...`).
+    ///
+    /// Source: Paddle docs, "Handle webhook delivery" (live accounts: up to 60 retries
+    /// over 3 days) and the notification payload (`event_id`: unique Paddle id for the
+    /// event). Floor: 3 days.
+    #[must_use]
+    pub fn paddle() -> Self {
+        Self::new("paddle", KeySource::json_pointer("/event_id")).retention_floor(3 * DAY)
+    }
+
+    /// Square: the body's `event_id`.
+    ///
+    /// Source: Square docs, Webhooks, "Manage webhook operations" (use `event_id` to skip
+    /// repeated notifications) and "Troubleshoot webhooks" (unsuccessful deliveries are
+    /// retried for up to 24 hours). Floor: 1 day.
+    #[must_use]
+    pub fn square() -> Self {
+        Self::new("square", KeySource::json_pointer("/event_id")).retention_floor(DAY)
+    }
+
+    /// PayPal: the webhook event's `id` (`WH-...`) in the body.
+    ///
+    /// Source: PayPal docs, "Webhooks", "Event names" / "Webhooks overview" (the event
+    /// `id` is the same on redelivery; unacknowledged events are retried up to 25 times
+    /// over 3 days). Floor: 3 days.
+    #[must_use]
+    pub fn paypal() -> Self {
+        Self::new("paypal", KeySource::json_pointer("/id")).retention_floor(3 * DAY)
+    }
+
+    /// Mailgun: the body's `event-data.id`.
+    ///
+    /// Source: Mailgun docs, "Webhooks" (the payload's `event-data` is the event as the
+    /// Events API returns it, with its `id`) and "Automatic Retries" (a delivery answered
+    /// with anything but 200 or 406 is retried during 8 hours). Floor: 8 hours.
+    #[must_use]
+    pub fn mailgun() -> Self {
+        Self::new("mailgun", KeySource::json_pointer("/event-data/id")).retention_floor(8 * HOUR)
+    }
+
+    /// Jira (Atlassian Cloud): the `X-Atlassian-Webhook-Identifier` header.
+    ///
+    /// Source: Atlassian developer docs, Jira Cloud "Webhooks", "Retry policy" (the
+    /// identifier is unique per webhook delivery and the same across its retries). No
+    /// floor beyond the default.
+    #[must_use]
+    pub fn jira() -> Self {
+        Self::new(
+            "jira",
+            KeySource::header(header("x-atlassian-webhook-identifier")),
+        )
+    }
+
+    /// Didit (identity verification): the body's `event_id`; for payloads without one,
+    /// the fact itself: `session_id`, `webhook_type`, `status` and the digest of the
+    /// `decision` (or the first three when there is no decision). Scoped by the
+    /// application (`application_id`) when the payload names it.
+    ///
+    /// Check signatures with [`DiditVerifier`](super::DiditVerifier):
+    /// `Preset::didit().verifier(DiditVerifier::new(secret))`.
+    ///
+    /// Why `event_id`. Didit's current docs make it the fact's id: a resent delivery
+    /// "keeps its event_id" while Didit "refreshes the timestamp field, the X-Timestamp
+    /// header and the signatures" (Management API, "Resend webhook",
+    /// docs.didit.me/management-api/sessions/resend-webhook), and for transaction
+    /// webhooks "Every delivery carries a unique `X-Didit-Delivery` header but the same
+    /// `event_id` — de-dupe on your side" (docs.didit.me/transaction-monitoring/webhooks).
+    /// So never the delivery header, and never a hash of the raw body: both change on
+    /// every attempt. Didit's server-side payloads carry `event_id` and
+    /// `application_id` next to `session_id`, `status`, `webhook_type` and `timestamp`
+    /// (the fixtures of Didit's WordPress plugin, didit-protocol/plugin-wordpress). Whether
+    /// *automatic* retries of session webhooks keep `event_id` is stated on no page read
+    /// (they resend a recorded payload, which carries it). The headers `Webhook-Id` and
+    /// `X-Didit-Request-Id` appear in none of Didit's docs. The older reference
+    /// (docs.didit.me/reference/webhooks) documented no id and logs "each retry ... as a
+    /// new, separate event" in the dashboard: for such payloads the composite
+    /// identifies the fact, and a later status or a corrected decision
+    /// (`data.updated`) is a new one.
+    ///
+    /// Scope: each destination has its own secret (Management API, "Create webhook
+    /// destination": "Each destination has its own `secret_shared_key`"), so one route
+    /// (one verifier) per application; payloads without `application_id` share the
+    /// preset's base scope. Floor: 2 days. Didit retries a delivery answered with a 5xx
+    /// or 404 (docs.didit.me/reference/webhooks); transaction webhooks' "Total delivery
+    /// window ~24 hours" is the longest automatic window documented. A manual resend can
+    /// come at any time later; the default retention of 7 days covers a week of them.
+    #[must_use]
+    pub fn didit() -> Self {
+        let fact = |decision: Option<KeySource>| {
+            let parts = ["/session_id", "/webhook_type", "/status"].map(KeySource::json_pointer);
+            KeySource::composite(parts.into_iter().chain(decision))
+        };
+        Self::new(
+            "didit",
+            KeySource::json_pointer("/event_id")
+                .or(fact(Some(KeySource::json_digest("/decision"))))
+                .or(fact(None)),
+        )
+        .scope(ScopeSource::json_pointer("/application_id"))
+        .retention_floor(2 * DAY)
+    }
+
+    /// Persona (identity verification): the event's id, `data.id` (`evt_...`).
+    ///
+    /// Check signatures with [`HmacVerifier::persona`](super::HmacVerifier::persona)
+    /// (`Persona-Signature: t=...,v1=...`).
+    ///
+    /// Source: Persona docs, "Webhooks" (events are JSON:API documents whose `data` is
+    /// `{"type": "event", "id": "evt_..."}`) and "Webhook best practices" ("Your webhook
+    /// endpoints may occasionally receive the same event more than once"; order by
+    /// `data.attributes.created-at`). No tenant field is documented in the event: scope
+    /// per webhook (one route and secret each). Floor: 1 day. Persona retries "up to 5
+    /// times with an exponential backoff (0, 3, 18, 83, 258 seconds)" (best practices,
+    /// older version) or "up to a maximum of 8 times" (2021-05-14 version); the current
+    /// schedule and any manual redelivery horizon were not readable.
+    #[must_use]
+    pub fn persona() -> Self {
+        Self::new("persona", KeySource::json_pointer("/data/id")).retention_floor(DAY)
+    }
+
+    /// Onfido (identity verification): Onfido sends no event id, so the fact is keyed
+    /// by `payload.resource_type`, `payload.object.id`, `payload.action` and
+    /// `payload.object.status` (the first three when there is no status): a new action
+    /// or status of the same check is a new fact.
+    ///
+    /// Check signatures with [`HmacVerifier::onfido`](super::HmacVerifier::onfido)
+    /// (`X-SHA2-Signature`).
+    ///
+    /// Source: Onfido docs, "Webhooks" / "Manual webhook signature verification", and
+    /// onfido-node (`WebhookEvent`: `payload` with `resource_type`, `action` and
+    /// `object` `{id, status, href, ...}`; its test events). An event id, a tenant
+    /// field and a retry schedule are stated on no page read: scope per webhook (its
+    /// token), no floor beyond the default 7 days.
+    #[must_use]
+    pub fn onfido() -> Self {
+        let fact = |status: Option<KeySource>| {
+            let parts = [
+                "/payload/resource_type",
+                "/payload/object/id",
+                "/payload/action",
+            ]
+            .map(KeySource::json_pointer);
+            KeySource::composite(parts.into_iter().chain(status))
+        };
+        Self::new(
+            "onfido",
+            fact(Some(KeySource::json_pointer("/payload/object/status"))).or(fact(None)),
+        )
+    }
+
+    /// Sumsub (identity verification): the event's `correlationId` together with its
+    /// `type`; for payloads without one, `applicantId`, `type` and `createdAtMs`.
+    ///
+    /// Check signatures with [`HmacVerifier::sumsub`](super::HmacVerifier::sumsub)
+    /// (`x-payload-digest`, algorithm in `x-payload-digest-alg`).
+    ///
+    /// Source: Sumsub docs, "User verification webhooks" (`correlationId`: "A unique
+    /// identifier of the event"; `applicantId`, `type`, `createdAtMs`, `sandboxMode`),
+    /// "Receive verification results" ("We may send several final webhooks": a later
+    /// `applicantReviewed` with another answer is a new fact, and has its own id), and
+    /// Sumsub's agent-skills `lifecycle.md` ("Webhooks can arrive twice. Key your DB
+    /// upserts by `(applicantId, type, createdAt)`"), the fallback. `type` is kept with
+    /// `correlationId` because whether one correlation id can span two event types is
+    /// stated nowhere. Scope per webhook (its own secret). Floor: 2 days. Failed
+    /// deliveries are resent "after 5 minutes, 1 hour, 5 hours, and 18 hours" (action
+    /// webhooks sooner), about 24 hours in all ("Webhook manager").
+    #[must_use]
+    pub fn sumsub() -> Self {
+        Self::new(
+            "sumsub",
+            KeySource::composite([
+                KeySource::json_pointer("/correlationId"),
+                KeySource::json_pointer("/type"),
+            ])
+            .or(KeySource::composite([
+                KeySource::json_pointer("/applicantId"),
+                KeySource::json_pointer("/type"),
+                KeySource::json_pointer("/createdAtMs"),
+            ])),
+        )
+        .retention_floor(2 * DAY)
+    }
+
+    /// The generic IETF `Idempotency-Key` header (bare or sf-string form).
+    ///
+    /// Source: IETF draft `draft-ietf-httpapi-idempotency-key-header`. No floor beyond
+    /// the default.
+    #[must_use]
+    pub fn idempotency_key() -> Self {
+        Self::new(
+            "idempotency-key",
+            KeySource::header(idemkey_core::protocol::headers::IDEMPOTENCY_KEY),
+        )
+    }
+
+    /// Every preset of this module, for tables and tests.
+    #[must_use]
+    pub fn all() -> Vec<Preset> {
+        vec![
+            Self::standard_webhooks(),
+            Self::svix(),
+            Self::stripe(),
+            Self::github(),
+            Self::shopify(),
+            Self::shopify_events(),
+            Self::slack(),
+            Self::gitlab(),
+            Self::paddle(),
+            Self::square(),
+            Self::paypal(),
+            Self::mailgun(),
+            Self::jira(),
+            Self::didit(),
+            Self::persona(),
+            Self::onfido(),
+            Self::sumsub(),
+            Self::idempotency_key(),
+        ]
+    }
+}
