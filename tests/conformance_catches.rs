@@ -145,17 +145,17 @@ impl Store for Broken {
         lease: Duration,
     ) -> Result<(), StoreError> {
         self.lease_check(id, token)?;
-        if let (Defect::FencedRenewExtends, Some(holder)) = (self.defect, self.owner(id)) {
-            if holder.token != token {
-                let _ = self.inner.renew(id, holder.token, lease).await;
-                return Err(StoreError::fenced());
-            }
+        if let (Defect::FencedRenewExtends, Some(holder)) = (self.defect, self.owner(id))
+            && holder.token != token
+        {
+            let _ = self.inner.renew(id, holder.token, lease).await;
+            return Err(StoreError::fenced());
         }
         let r = self.inner.renew(id, token, lease).await;
-        if r.is_ok() {
-            if let Some(o) = self.owners().get_mut(id) {
-                o.lease_end = Instant::now().checked_add(lease).unwrap_or(o.lease_end);
-            }
+        if r.is_ok()
+            && let Some(o) = self.owners().get_mut(id)
+        {
+            o.lease_end = Instant::now().checked_add(lease).unwrap_or(o.lease_end);
         }
         self.silence(r)
     }
@@ -196,10 +196,10 @@ impl Store for Broken {
     }
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
         let mut info = self.inner.inspect(id).await?;
-        if let (Defect::ExpiresAtRemoval, Some(i)) = (self.defect, info.as_mut()) {
-            if i.state == RecordState::InProgress {
-                i.expires += self.owner(id).map_or(Duration::ZERO, |o| o.retention);
-            }
+        if let (Defect::ExpiresAtRemoval, Some(i)) = (self.defect, info.as_mut())
+            && i.state == RecordState::InProgress
+        {
+            i.expires += self.owner(id).map_or(Duration::ZERO, |o| o.retention);
         }
         Ok(info)
     }
@@ -210,12 +210,11 @@ impl Store for Broken {
                 .force_release(&RecordId::new("", &id.to_hex()))
                 .await;
         }
-        if self.defect == Defect::ForceReleaseEndsLease {
-            if let Some(o) = self.owner(id) {
-                if self.inner.renew(id, o.token, Duration::ZERO).await.is_ok() {
-                    return Ok(true);
-                }
-            }
+        if self.defect == Defect::ForceReleaseEndsLease
+            && let Some(o) = self.owner(id)
+            && self.inner.renew(id, o.token, Duration::ZERO).await.is_ok()
+        {
+            return Ok(true);
         }
         self.inner.force_release(id).await
     }

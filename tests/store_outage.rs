@@ -306,11 +306,11 @@ async fn a_charge_running_when_redis_dies_is_recorded_once_redis_is_back() {
     let id = RecordId::new("", &key);
     let mut recorded = None;
     for _ in 0..300 {
-        if let Ok(Some(info)) = store.inspect(&id).await {
-            if info.state == RecordState::Completed {
-                recorded = Some(info);
-                break;
-            }
+        if let Ok(Some(info)) = store.inspect(&id).await
+            && info.state == RecordState::Completed
+        {
+            recorded = Some(info);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -93,11 +93,11 @@ impl ResponseExt for reqwest::Response {
 
 /// Stores the facts in the response's extensions (updating what an inner layer put).
 pub(crate) fn annotate(response: &mut reqwest::Response, key: &IdempotencyKey, attempts: u32) {
-    if let Some(info) = response.extensions_mut().get_mut::<IdempotencyInfo>() {
-        if info.key == *key {
-            info.attempts = attempts;
-            return;
-        }
+    if let Some(info) = response.extensions_mut().get_mut::<IdempotencyInfo>()
+        && info.key == *key
+    {
+        info.attempts = attempts;
+        return;
     }
     let replayed = headers::is_replayed(response.headers());
     response

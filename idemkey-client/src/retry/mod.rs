@@ -429,10 +429,10 @@ impl RetryMiddleware {
                 waited = Some((wait.wait, wait.reason));
                 sleep(wait.wait).await;
             };
-            if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last) {
-                if r.status().as_u16() < 400 {
-                    budget.succeeded(spent);
-                }
+            if let (Some(budget), Last::Answer(Ok(r), _)) = (&self.budget, &last)
+                && r.status().as_u16() < 400
+            {
+                budget.succeeded(spent);
             }
             let result = outcome::finish(key, attempt, last, self.deadline, sent);
             telemetry::call_ended(&self.metrics, &result, attempt);

@@ -556,10 +556,10 @@ impl DynamoStore {
                 Some(item) => Some(item),
                 None => self.get(req.id.as_bytes()).await?,
             };
-            if let Some(existing) = existing {
-                if let Some(claim) = self.lost_claim(&Item(&existing), req.token, now).await? {
-                    return Ok(claim);
-                }
+            if let Some(existing) = existing
+                && let Some(claim) = self.lost_claim(&Item(&existing), req.token, now).await?
+            {
+                return Ok(claim);
             }
             // The record vanished since the condition failed: claim again.
         }

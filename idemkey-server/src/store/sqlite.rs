@@ -217,17 +217,16 @@ impl SqliteStoreBuilder {
         // `:memory:` on each of several connections would be several empty databases:
         // one connection holds the one database, kept open for the store's life.
         let in_memory = self.path.as_os_str() == ":memory:";
-        if !in_memory {
-            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                if !dir.is_dir() {
-                    return Err(StoreError::configuration(format!(
-                        "SQLite: the directory {} of {} does not exist; create it, or \
+        if !in_memory
+            && let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(StoreError::configuration(format!(
+                "SQLite: the directory {} of {} does not exist; create it, or \
                          choose a file in an existing directory",
-                        dir.display(),
-                        self.path.display()
-                    )));
-                }
-            }
+                dir.display(),
+                self.path.display()
+            )));
         }
         let options = SqliteConnectOptions::new()
             .filename(&self.path)
