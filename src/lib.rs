@@ -52,7 +52,6 @@
 //! - `admin`: `server::admin`, list, inspect and force-release records over HTTP.
 //! - `test-util`: the `testing` module (test server, fault injector and proxy, the
 //!   store and journal conformance suites); implies `client` and `server`.
-//! - `cli`: the `idemkey` command line (a binary of this package).
 //!
 //! Items behind a feature are marked with it on docs.rs.
 //!

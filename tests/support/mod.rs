@@ -18,7 +18,6 @@
 //! - [`webhook`]: the example webhook receiver and provider-shaped deliveries;
 //! - [`telemetry`]: the spans and metrics the crate emits, captured (feature
 //!   `metrics`);
-//! - [`cli`]: the `idemkey` command line, one-shot and as a proxy (feature `cli`);
 //! - [`queues`]: the queue consumer examples' scenario: charges, seeded kills, the
 //!   ledger's check;
 //! - [`peers`]: verifiers and clients nobody here wrote (PyPI, npm), installed at pinned
@@ -28,10 +27,7 @@
     reason = "each test binary includes the whole tree and uses a part of it"
 )]
 
-#[cfg(feature = "test-util")]
 pub(crate) mod apps;
-#[cfg(feature = "cli")]
-pub(crate) mod cli;
 pub(crate) mod client;
 pub(crate) mod examples;
 pub(crate) mod gate;

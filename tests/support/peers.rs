@@ -117,9 +117,15 @@ pub(crate) fn node_modules() -> PathBuf {
     .join("node_modules")
 }
 
-/// The folder of the peers' scripts (`tests/peers/`).
+/// The folder of the peers' scripts (`tests/peers/` at the workspace's root): the
+/// nearest one above the package whose tests include this tree (the facade is the
+/// root; idemkey-cli's tests include the tree from a folder below it).
 fn scripts() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|dir| dir.join("tests/peers"))
+        .find(|dir| dir.is_dir())
+        .expect("tests/peers/ in the package's folder or one above it")
 }
 
 /// A Python verifier (`tests/peers/verifier.py`) on a free port of 127.0.0.1, killed by

@@ -1,4 +1,4 @@
-//! The `idemkey` command line (feature `cli`) as the process a user runs: one-shot
+//! The `idemkey` command line as the process a user runs: one-shot
 //! subcommands and the proxy, killed by its pid.
 
 use std::io::{BufRead, BufReader, Write};
@@ -84,10 +84,6 @@ impl Proxy {
                 panic!("idemkey proxy {args:?} did not start: printed {first:?}, status {status:?}")
             });
         Self { child, addr, lines }
-    }
-
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     /// `http://127.0.0.1:<port><path>`.

@@ -7,8 +7,8 @@
 //! - `idemkey inspect`, `release`, `stuck`: look up, force-release and list records in
 //!   a store.
 //!
-//! Built with the `cli` feature: `cargo install idemkey --features cli` (add `redis`,
-//! `postgres`, `sqlite`, `mysql` or `dynamodb` for the stores to open).
+//! The `idemkey-cli` crate: `cargo install idemkey-cli` (every store built in; its
+//! README is the manual).
 #![allow(
     clippy::print_stdout,
     reason = "a command line answers on standard output"

@@ -5,7 +5,12 @@
 //! with `--no-verify`, where lost answers run twice); `--audit`; `GET /metrics` (with
 //! `metrics`); a graceful shutdown; `inspect`, `release` and `stuck` on a SQLite store.
 
+// The integration tests' tree of the facade (tests/support/ at the repository's root):
+// the examples' charge app, the peers, the private servers.
+#[path = "../../../tests/support/mod.rs"]
 mod support;
+// The built binary, one-shot and as a proxy.
+mod process;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::{ClaimRequest, FencingToken, MemoryStore, RecordId, Store};
+use process::{self as cli, Proxy};
 use support::apps::ChargeApp;
-use support::cli::{self, Proxy};
 use support::peers::{PythonVerifier, node_client_retrying};
 
 const CHARGE: &str = r#"{"amount":100}"#;
