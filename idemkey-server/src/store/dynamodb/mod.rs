@@ -1,21 +1,21 @@
 //! The shared store on Amazon DynamoDB (feature `dynamodb`). See [`DynamoStore`].
 
+mod chunks;
+mod item;
+mod schema;
+mod url;
+
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
-    TimeToLiveStatus,
-};
-use bytes::{Bytes, BytesMut};
-use futures_util::{StreamExt, TryStreamExt, stream};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use bytes::Bytes;
 
+use self::item::{Item, blob, ms, names, now_ms, num, string};
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
 };
@@ -235,138 +235,6 @@ impl DynamoStore {
         }
     }
 
-    /// A store for a `dynamodb://[KEY_ID:SECRET@]TABLE?region=REGION[&endpoint=URL]`
-    /// connection string, with a client made by [`DynamoStore::sdk_config`]:
-    ///
-    /// - credentials from the URL (percent-encoded, for DynamoDB Local and tests), or
-    ///   else from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`
-    ///   (as AWS Lambda sets them). For instance roles, profiles or SSO, build a client
-    ///   with `aws-config` and use [`DynamoStore::builder`];
-    /// - the region from `region=`, or else `AWS_REGION` or `AWS_DEFAULT_REGION`;
-    /// - `endpoint=` for a DynamoDB-compatible server (DynamoDB Local, moto); leave it
-    ///   out for AWS.
-    ///
-    /// No request is made (the table is not created: see [`DynamoStore::create_table`];
-    /// `idemkey::store::open` calls both).
-    ///
-    /// ```
-    /// let store = idemkey::store::DynamoStore::from_url(
-    ///     "dynamodb://local:local@idemkey_records?region=eu-west-1&endpoint=http://127.0.0.1:8000",
-    /// )?;
-    /// assert_eq!(store.table(), "idemkey_records");
-    ///
-    /// let err = idemkey::store::DynamoStore::from_url("dynamodb://t?regoin=x").unwrap_err();
-    /// assert!(err.to_string().contains("unknown parameter"), "{err}");
-    /// # Ok::<_, idemkey::store::StoreError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::is_unavailable`] for a URL that is not of that form, an unknown
-    /// parameter, no region, or no credentials.
-    pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        use aws_sdk_dynamodb::config::Credentials;
-        // Not `{url:?}`: it may hold a secret.
-        let bad = |why: String| {
-            StoreError::unavailable(
-                format!("invalid DynamoDB URL: {why}"),
-                "use dynamodb://[KEY_ID:SECRET@]TABLE?region=REGION[&endpoint=URL]",
-            )
-        };
-        let rest = url
-            .strip_prefix("dynamodb://")
-            .ok_or_else(|| bad("it must start with dynamodb://".into()))?;
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (userinfo, table) = match path.rsplit_once('@') {
-            Some((userinfo, table)) => (Some(userinfo), table),
-            None => (None, path),
-        };
-        let (mut region, mut endpoint) = (None, None);
-        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-            match &*name {
-                "region" => region = Some(value.into_owned()),
-                "endpoint" => endpoint = Some(value.into_owned()),
-                other => return Err(bad(format!("unknown parameter {other:?}"))),
-            }
-        }
-        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let region = region
-            .or_else(|| env("AWS_REGION"))
-            .or_else(|| env("AWS_DEFAULT_REGION"))
-            .ok_or_else(|| bad("no region= and no AWS_REGION in the environment".into()))?;
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8()
-                .map(|s| s.into_owned())
-                .map_err(|_| bad("the credentials are not UTF-8 once percent-decoded".into()))
-        };
-        let credentials = match userinfo {
-            Some(userinfo) => {
-                let (key, secret) = userinfo
-                    .split_once(':')
-                    .ok_or_else(|| bad("credentials must be KEY_ID:SECRET".into()))?;
-                Credentials::new(decode(key)?, decode(secret)?, None, None, "url")
-            }
-            None => match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
-                (Some(key), Some(secret)) => {
-                    Credentials::new(key, secret, env("AWS_SESSION_TOKEN"), None, "env")
-                }
-                _ => {
-                    return Err(StoreError::unavailable(
-                        "DynamoDB: no credentials in the URL, and no AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment",
-                        "set them, or build an SDK client with aws-config (roles, profiles, SSO) and use DynamoStore::builder",
-                    ));
-                }
-            },
-        };
-        let mut config = Self::sdk_config(region).credentials_provider(credentials);
-        if let Some(endpoint) = endpoint {
-            config = config.endpoint_url(endpoint);
-        }
-        Self::builder(Client::from_conf(config.build()))
-            .table(table)
-            .build()
-    }
-
-    /// An SDK configuration for `region` with what [`DynamoStore::from_url`] uses: an
-    /// HTTPS client (rustls, which also speaks plain HTTP to a local endpoint), the SDK's
-    /// standard retries (3 attempts), 3 s to connect and 10 s per attempt. Add
-    /// credentials (and an endpoint for a DynamoDB-compatible server), then build the
-    /// client. This is the way to a client without `aws-config`.
-    ///
-    /// ```
-    /// use idemkey::store::DynamoStore;
-    /// use idemkey::store::aws_sdk_dynamodb::{Client, config::Credentials};
-    ///
-    /// let config = DynamoStore::sdk_config("eu-west-1")
-    ///     .credentials_provider(Credentials::new("AKID", "secret", None, None, "vault"))
-    ///     .build();
-    /// let store = DynamoStore::builder(Client::from_conf(config)).build()?;
-    /// # Ok::<_, idemkey::store::StoreError>(())
-    /// ```
-    #[must_use]
-    pub fn sdk_config(region: impl Into<String>) -> aws_sdk_dynamodb::config::Builder {
-        use aws_sdk_dynamodb::config::{
-            BehaviorVersion, Region, retry::RetryConfig, timeout::TimeoutConfig,
-        };
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .build_https();
-        aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(region.into()))
-            .http_client(http)
-            .retry_config(RetryConfig::standard())
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(3))
-                    .operation_attempt_timeout(Duration::from_secs(10))
-                    .build(),
-            )
-    }
-
     /// The SDK client, for health checks and administration.
     #[must_use]
     pub fn client(&self) -> &Client {
@@ -377,128 +245,6 @@ impl DynamoStore {
     #[must_use]
     pub fn table(&self) -> &str {
         &self.table
-    }
-
-    /// Creates the table (on-demand capacity) if it does not exist, waits until it is
-    /// active, and turns TTL on for the `ttl` attribute. Safe to call from every
-    /// instance at start-up, and again later.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::is_unavailable`] when DynamoDB cannot be reached or refuses (for
-    /// example for lack of permissions), when an existing table of that name has
-    /// another key than `id` (binary), or when its TTL is on for another attribute.
-    pub async fn create_table(&self) -> Result<(), StoreError> {
-        let definition = AttributeDefinition::builder()
-            .attribute_name(attr::ID)
-            .attribute_type(ScalarAttributeType::B)
-            .build()
-            .map_err(|e| StoreError::unavailable("DynamoDB: the table's key definition", e))?;
-        let key = KeySchemaElement::builder()
-            .attribute_name(attr::ID)
-            .key_type(KeyType::Hash)
-            .build()
-            .map_err(|e| StoreError::unavailable("DynamoDB: the table's key schema", e))?;
-        let created = self
-            .client
-            .create_table()
-            .table_name(&self.table)
-            .attribute_definitions(definition)
-            .key_schema(key)
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await;
-        match created {
-            Err(e) if e.code() != Some("ResourceInUseException") => {
-                return Err(self.failed("creating the table", e));
-            }
-            _ => {}
-        }
-        // Wait (bounded, about two minutes) until the table is active.
-        let mut pause = Duration::from_millis(20);
-        for attempt in 0.. {
-            let table = self
-                .client
-                .describe_table()
-                .table_name(&self.table)
-                .send()
-                .await
-                .map_err(|e| self.failed("describing the table", e))?
-                .table
-                .ok_or_else(|| StoreError::corrupt("DynamoDB's DescribeTable named no table"))?;
-            let key: Vec<_> = table
-                .key_schema()
-                .iter()
-                .map(|k| (k.attribute_name(), k.key_type().clone()))
-                .collect();
-            let binary_id = table.attribute_definitions().iter().any(|a| {
-                a.attribute_name() == attr::ID && *a.attribute_type() == ScalarAttributeType::B
-            });
-            if key != [(attr::ID, KeyType::Hash)] || !binary_id {
-                return Err(StoreError::unavailable(
-                    format!(
-                        "DynamoDB: table {:?} has the key {key:?}; this store needs a table keyed by `id` (binary) alone",
-                        self.table
-                    ),
-                    "name another table, or create it as the DynamoStore docs show",
-                ));
-            }
-            if table.table_status() == Some(&TableStatus::Active) {
-                break;
-            }
-            if attempt == 80 {
-                return Err(StoreError::unavailable(
-                    format!("DynamoDB: table {:?} did not become active", self.table),
-                    "look at the table's status in DynamoDB",
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
-        }
-        self.enable_ttl().await
-    }
-
-    /// Turns TTL on for `ttl`, unless it is on already.
-    async fn enable_ttl(&self) -> Result<(), StoreError> {
-        let described = self
-            .client
-            .describe_time_to_live()
-            .table_name(&self.table)
-            .send()
-            .await
-            .map_err(|e| self.failed("reading the table's TTL setting", e))?;
-        let current = described.time_to_live_description();
-        let on = matches!(
-            current.and_then(|d| d.time_to_live_status()),
-            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
-        );
-        match current.and_then(|d| d.attribute_name()) {
-            Some(name) if on && name == attr::TTL => return Ok(()),
-            Some(name) if on => {
-                return Err(StoreError::unavailable(
-                    format!(
-                        "DynamoDB: table {:?} expires items by {name:?}, this store by {:?}",
-                        self.table,
-                        attr::TTL
-                    ),
-                    "give the store a table of its own",
-                ));
-            }
-            _ => {}
-        }
-        let spec = TimeToLiveSpecification::builder()
-            .enabled(true)
-            .attribute_name(attr::TTL)
-            .build()
-            .map_err(|e| StoreError::unavailable("DynamoDB: the TTL setting", e))?;
-        self.client
-            .update_time_to_live()
-            .table_name(&self.table)
-            .time_to_live_specification(spec)
-            .send()
-            .await
-            .map_err(|e| self.failed("turning TTL on", e))?;
-        Ok(())
     }
 
     async fn claim_item(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
@@ -601,43 +347,6 @@ impl DynamoStore {
         }
     }
 
-    /// The payload of a completed record: inline, or read from its chunks (`None` when
-    /// a chunk is gone).
-    async fn payload(&self, item: &Item<'_>) -> Result<Option<Bytes>, StoreError> {
-        if item.0.contains_key(attr::PAYLOAD) {
-            return item.bytes(attr::PAYLOAD).map(Some);
-        }
-        let (id, write) = (item.bytes(attr::ID)?, item.bytes(attr::WRITE)?);
-        let (count, len) = (item.num(attr::CHUNKS)?, item.num(attr::PAYLOAD_LEN)?);
-        let chunks: Vec<Option<Bytes>> = stream::iter(0..count)
-            .map(|i| {
-                let key = chunk_key(&id, &write, i);
-                async move {
-                    match self.get(&key).await? {
-                        Some(chunk) => Item(&chunk).bytes(attr::CHUNK).map(Some),
-                        None => Ok(None),
-                    }
-                }
-            })
-            .buffered(CHUNK_CONCURRENCY)
-            .try_collect()
-            .await?;
-        let mut payload = BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
-        for chunk in chunks {
-            match chunk {
-                Some(chunk) => payload.extend_from_slice(&chunk),
-                None => return Ok(None),
-            }
-        }
-        if payload.len() as u64 != len {
-            return Err(StoreError::corrupt(format!(
-                "DynamoDB: a payload of {len} bytes came back from its chunks as {} bytes",
-                payload.len()
-            )));
-        }
-        Ok(Some(payload.freeze()))
-    }
-
     /// A strongly consistent read of one item.
     async fn get(&self, key: &[u8]) -> Result<Option<HashMap<String, AttributeValue>>, StoreError> {
         let out = self
@@ -670,58 +379,6 @@ impl DynamoStore {
             (":in_progress", string(IN_PROGRESS)),
             (":now", num(now)),
         ]
-    }
-
-    async fn write_chunks(
-        &self,
-        id: &RecordId,
-        write: &[u8; 16],
-        payload: &Bytes,
-        until: u64,
-    ) -> Result<(), StoreError> {
-        // Owned slices: a stream of borrowed chunks is not `Send` in an async trait.
-        let chunks = (0..payload.len().div_ceil(CHUNK)).map(|i| {
-            (
-                i,
-                payload.slice(i * CHUNK..payload.len().min((i + 1) * CHUNK)),
-            )
-        });
-        stream::iter(chunks)
-            .map(|(i, chunk)| async move {
-                self.client
-                    .put_item()
-                    .table_name(&self.table)
-                    .item(attr::ID, blob(&chunk_key(id.as_bytes(), write, i as u64)))
-                    .item(attr::CHUNK, blob(&chunk))
-                    .item(attr::TTL, num(until.div_ceil(1000)))
-                    .send()
-                    .await
-                    .map(drop)
-                    .map_err(|e| self.failed("writing a payload chunk", e))
-            })
-            .buffer_unordered(CHUNK_CONCURRENCY)
-            .try_collect::<()>()
-            .await
-    }
-
-    /// Deletes the chunk items of a completion, best effort (they expire by TTL anyway).
-    async fn delete_chunks(&self, id: &[u8], write: &[u8], count: u64) {
-        stream::iter(0..count)
-            .map(|i| async move {
-                let deleted = self
-                    .client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .key(attr::ID, blob(&chunk_key(id, write, i)))
-                    .send()
-                    .await;
-                if let Err(e) = deleted {
-                    tracing::debug!(error = %DisplayErrorContext(&e), "a payload chunk is left to expire by TTL");
-                }
-            })
-            .buffer_unordered(CHUNK_CONCURRENCY)
-            .collect::<()>()
-            .await;
     }
 
     /// What the store holds for `id` ([`Store::inspect`]): `None` when nothing, or
@@ -1023,113 +680,4 @@ impl std::fmt::Debug for DynamoStore {
             .field("table", &self.table)
             .finish_non_exhaustive()
     }
-}
-
-/// A record's item, read.
-struct Item<'a>(&'a HashMap<String, AttributeValue>);
-
-impl Item<'_> {
-    fn get(&self, name: &str) -> Result<&AttributeValue, StoreError> {
-        self.0
-            .get(name)
-            .ok_or_else(|| StoreError::corrupt(format!("DynamoDB: an item lacks `{name}`")))
-    }
-
-    fn bytes(&self, name: &str) -> Result<Bytes, StoreError> {
-        match self.get(name)? {
-            AttributeValue::B(b) => Ok(Bytes::copy_from_slice(b.as_ref())),
-            _ => Err(StoreError::corrupt(format!(
-                "DynamoDB: `{name}` is not binary"
-            ))),
-        }
-    }
-
-    fn num(&self, name: &str) -> Result<u64, StoreError> {
-        match self.get(name)? {
-            AttributeValue::N(n) => n.parse().map_err(|_| {
-                StoreError::corrupt(format!("DynamoDB: `{name}` is {n:?}, not a whole number"))
-            }),
-            _ => Err(StoreError::corrupt(format!(
-                "DynamoDB: `{name}` is not a number"
-            ))),
-        }
-    }
-
-    fn state(&self) -> Result<RecordState, StoreError> {
-        match self.get(attr::STATE)? {
-            AttributeValue::S(s) if s == IN_PROGRESS => Ok(RecordState::InProgress),
-            AttributeValue::S(s) if s == COMPLETED => Ok(RecordState::Completed),
-            other => Err(StoreError::corrupt(format!(
-                "DynamoDB: unknown record state {other:?}"
-            ))),
-        }
-    }
-
-    fn token(&self) -> Result<FencingToken, StoreError> {
-        let bytes = self.bytes(attr::TOKEN)?;
-        let raw: [u8; 16] = bytes.as_ref().try_into().map_err(|_| {
-            StoreError::corrupt(format!("DynamoDB: a token of {} bytes", bytes.len()))
-        })?;
-        Ok(FencingToken::from_bytes(raw))
-    }
-
-    fn info(&self, id: RecordId) -> Result<RecordInfo, StoreError> {
-        let state = self.state()?;
-        let payload_len = match state {
-            RecordState::InProgress => None,
-            RecordState::Completed => Some(self.num(attr::PAYLOAD_LEN)?),
-        };
-        Ok(RecordInfo {
-            id,
-            state,
-            fingerprint: self.bytes(attr::FINGERPRINT)?,
-            created: UNIX_EPOCH + Duration::from_millis(self.num(attr::CREATED)?),
-            expires: UNIX_EPOCH + Duration::from_millis(self.num(attr::EXPIRES)?),
-            payload_len,
-        })
-    }
-}
-
-/// The key of chunk `i` of the completion `write` of record `id` (52 bytes, so it never
-/// meets a record's 32-byte key).
-fn chunk_key(id: &[u8], write: &[u8], i: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(id.len() + write.len() + 4);
-    key.extend_from_slice(id);
-    key.extend_from_slice(write);
-    key.extend_from_slice(&u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes());
-    key
-}
-
-/// `#name` -> `name` for each attribute an expression uses.
-fn names(attrs: &[&str]) -> Option<HashMap<String, String>> {
-    Some(
-        attrs
-            .iter()
-            .map(|a| (format!("#{a}"), (*a).to_owned()))
-            .collect(),
-    )
-}
-
-fn blob(b: &[u8]) -> AttributeValue {
-    AttributeValue::B(Blob::new(b))
-}
-
-fn num(n: u64) -> AttributeValue {
-    AttributeValue::N(n.to_string())
-}
-
-fn string(s: &str) -> AttributeValue {
-    AttributeValue::S(s.to_owned())
-}
-
-/// This process's wall clock, in milliseconds since the Unix epoch.
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// A duration in milliseconds, capped at 100 years.
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(MAX_MS)
 }
