@@ -386,7 +386,7 @@ impl RetryMiddleware {
                 };
                 // Boxed: inline, the timer saves an allocation but showed no gain
                 // (measured: -126 instructions per request, +49 instruction-cache misses;
-                // BENCHMARKS.md, section `client`).
+                // BENCHMARKS.md, "Client").
                 let result = match timer {
                     Some((at, own)) => match Box::pin(tokio::time::timeout_at(at, run)).await {
                         Ok(result) => result,

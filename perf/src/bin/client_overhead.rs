@@ -40,7 +40,7 @@ const BODY: &str = r#"{"amount":1000,"currency":"eur"}"#;
 /// (method, URL, the body's bytes); one timer for the deadline; the key, the attempts
 /// and the replay flag stored on the response. No classification, hints, budget,
 /// single flight, typed errors or telemetry, and no retry: the floor of what
-/// idemkey's default stack could cost (BENCHMARKS.md, "What 1.02 would take").
+/// idemkey's default stack could cost (BENCHMARKS.md, "Client").
 struct Required;
 
 /// What the caller reads off the response (idemkey's `IdempotencyInfo` has the same

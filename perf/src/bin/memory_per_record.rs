@@ -13,7 +13,7 @@
 //!
 //! The figure saw-tooths with the count: the store's sharded hash table doubles a
 //! shard when it is 7/8 full, so just before a doubling a record costs least and just
-//! after it most (340 B at 400 000 records, 433 B at 460 000 on x86-64; BENCHMARKS.md).
+//! after it most (BENCHMARKS.md has the figures at several counts).
 
 use std::process::ExitCode;
 

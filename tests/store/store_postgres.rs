@@ -1,0 +1,474 @@
+//! PostgreSQL-specific behaviour: the claim statement under concurrency from several
+//! pools, concurrent migrations, the sweep, and errors.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use idemkey::store::{Claim, ClaimRequest, FencingToken, PostgresStore, RecordId, Store};
+use idemkey::testing::conformance;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_from_several_pools_are_atomic_and_return_the_row() {
+    let table = support::unique("idemkey_test");
+    let first = support::postgres_store(&table).await;
+    let mut stores = vec![first.clone()];
+    for _ in 0..3 {
+        stores.push(support::postgres_store(&table).await);
+    }
+    // Several rounds: each a fresh record raced by 200 claims over 4 pools; then the
+    // same record raced again after the winner completed.
+    for round in 0..5 {
+        let id = RecordId::new("race", &format!("{table}-{round}"));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..200 {
+            let store = stores[i % stores.len()].clone();
+            tasks.spawn(async move {
+                let token = FencingToken::random();
+                let fp = format!("fp{i}").into_bytes();
+                let lease = Duration::from_secs(60);
+                let claim = store
+                    .claim(ClaimRequest {
+                        id: &id,
+                        fingerprint: &fp,
+                        token,
+                        lease,
+                        retention: lease,
+                    })
+                    .await
+                    .expect("claim");
+                (token, fp, claim)
+            });
+        }
+        let results = tasks.join_all().await;
+        let winners: Vec<_> = results
+            .iter()
+            .filter(|(_, _, c)| matches!(c, Claim::Acquired { .. }))
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: exactly one claim wins");
+        let (token, fp, _) = winners[0];
+        for (_, _, c) in &results {
+            match c {
+                Claim::Acquired { takeover } => assert!(!takeover),
+                Claim::InProgress { fingerprint, .. } => assert_eq!(fingerprint, fp.as_slice()),
+                Claim::Completed { .. } => panic!("nothing was completed yet"),
+            }
+        }
+        first
+            .complete(&id, *token, "done".into(), Duration::from_secs(60))
+            .await
+            .expect("complete");
+        let again = stores[1]
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint: b"x",
+                token: FencingToken::random(),
+                lease: Duration::from_secs(60),
+                retention: Duration::from_secs(60),
+            })
+            .await
+            .expect("claim");
+        assert_eq!(
+            again,
+            Claim::Completed {
+                fingerprint: fp.clone().into(),
+                payload: "done".into()
+            }
+        );
+    }
+    support::drop_postgres_table(&table).await;
+}
+
+#[tokio::test]
+async fn sweep_deletes_expired_rows_only() {
+    let table = support::unique("idemkey_test");
+    let store = support::postgres_store(&table).await;
+    let short = Duration::from_millis(100);
+    let long = Duration::from_secs(60);
+    for (i, retention) in [short, short, long].into_iter().enumerate() {
+        let id = RecordId::new("sweep", &i.to_string());
+        let token = FencingToken::random();
+        store
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint: b"fp",
+                token,
+                lease: long,
+                retention: long,
+            })
+            .await
+            .expect("claim");
+        store
+            .complete(&id, token, "p".into(), retention)
+            .await
+            .expect("complete");
+    }
+    // An in-progress record whose lease and retention ended is swept too; one whose
+    // lease ended within its retention (an abandoned claim its owner may still complete)
+    // is kept.
+    for (key, retention) in [("lease", short), ("abandoned", long)] {
+        store
+            .claim(ClaimRequest {
+                id: &RecordId::new("sweep", key),
+                fingerprint: b"fp",
+                token: FencingToken::random(),
+                lease: short,
+                retention,
+            })
+            .await
+            .expect("claim");
+    }
+
+    let mut swept = 0;
+    for _ in 0..200 {
+        swept += store.sweep().await.expect("sweep");
+        if swept >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        swept, 3,
+        "two expired completed records and one expired lease past its retention"
+    );
+    let admin = support::postgres_admin(&support::postgres_url()).await;
+    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{table}\""
+    )))
+    .fetch_one(&admin)
+    .await
+    .expect("count");
+    assert_eq!(left, 2, "the live record and the abandoned claim stay");
+    admin.close().await;
+    support::drop_postgres_table(&table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_and_the_schema_are_idempotent() {
+    let table = support::unique("idemkey_test");
+    let store = PostgresStore::builder(support::postgres_url())
+        .table(&table)
+        .connect()
+        .await
+        .expect("connect");
+    let runs = (0..4).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move { store.migrate().await })
+    });
+    for run in runs {
+        run.await.expect("join").expect("concurrent migrate");
+    }
+    store.migrate().await.expect("migrate again");
+    assert!(store.schema_sql().contains("CREATE TABLE IF NOT EXISTS"));
+    support::drop_postgres_table(&table).await;
+}
+
+#[tokio::test]
+async fn bad_configuration_is_a_configuration_error_and_unreachable_is_unavailable() {
+    use sqlx::ConnectOptions;
+    use std::str::FromStr;
+    let err = PostgresStore::builder(support::postgres_url())
+        .table("x; DROP TABLE y")
+        .connect()
+        .await
+        .expect_err("invalid table name");
+    assert!(
+        err.is_configuration() && err.to_string().contains("table name"),
+        "{err}"
+    );
+
+    // The server answers, and refuses what the URL asks for: fix the URL, not "retry".
+    let shared = sqlx::postgres::PgConnectOptions::from_str(&support::postgres_url())
+        .expect("the shared PostgreSQL's URL");
+    let no_db = shared.clone().database(&support::unique("no_such_db"));
+    let no_role = shared.clone().username(&support::unique("no_such_role"));
+    for (options, says) in [(no_db, "does not exist"), (no_role, "no_such_role")] {
+        let url = options.to_url_lossy().to_string();
+        let err = PostgresStore::connect(url.clone())
+            .await
+            .expect_err("the server refuses");
+        let text = err.to_string();
+        assert!(
+            err.is_configuration() && !err.is_unavailable(),
+            "{url}: {text}"
+        );
+        assert!(
+            text.contains(says) && !text.contains("retry later"),
+            "{text}"
+        );
+        assert!(!text.contains(" at line "), "no driver internals: {text}");
+        let opened = idemkey::store::open(&url).await.err().expect("refused");
+        assert!(opened.is_configuration(), "{opened}");
+    }
+
+    let port = support::free_port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test");
+    let err = PostgresStore::connect(url)
+        .await
+        .expect_err("nothing listens there");
+    assert!(err.is_unavailable() && !err.is_configuration(), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "names the address tried: {err}"
+    );
+}
+
+#[tokio::test]
+async fn fresh_request_costs_two_statements_and_replay_one() {
+    // A private server, so that pg_stat_statements counts this test's statements only.
+    let server = support::PgServer::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let mut store = None;
+    for _ in 0..100 {
+        match PostgresStore::connect(server.url()).await {
+            Ok(s) => {
+                store = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let store = store.expect("connect to the private PostgreSQL");
+    store.migrate().await.expect("migrate");
+    // One connection, opened now: a connection opened later would count its set-up.
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.url())
+        .await
+        .expect("connect to the private PostgreSQL");
+    sqlx::raw_sql("CREATE EXTENSION pg_stat_statements")
+        .execute(&admin)
+        .await
+        .expect("create pg_stat_statements");
+    let statements = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE query NOT ILIKE '%pg_stat_statements%'",
+        )
+        .fetch_one(&admin)
+        .await
+        .expect("read pg_stat_statements");
+        n
+    };
+    let reset = || async {
+        sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+            .execute(&admin)
+            .await
+            .expect("reset pg_stat_statements");
+    };
+
+    let (id, token, lease) = (
+        RecordId::new("t", "k"),
+        FencingToken::random(),
+        Duration::from_secs(60),
+    );
+    // Starting another instance on a current schema reads the catalog and runs no DDL.
+    reset().await;
+    store.migrate().await.expect("migrate a current schema");
+    assert_eq!(
+        statements().await,
+        1,
+        "migrate on a current schema: one catalog read"
+    );
+
+    reset().await;
+    let claim = store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token,
+            lease,
+            retention: lease,
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claim, Claim::Acquired { takeover: false });
+    store
+        .complete(&id, token, "reply".into(), lease)
+        .await
+        .expect("complete");
+    let fresh = statements().await;
+    assert_eq!(fresh, 2, "a fresh request: claim and complete");
+
+    reset().await;
+    let replay = store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease,
+            retention: lease,
+        })
+        .await
+        .expect("replay");
+    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    assert_eq!(statements().await, 1, "a replay: one claim");
+}
+
+#[tokio::test]
+async fn replays_and_duplicates_neither_write_nor_lock() {
+    let table = support::unique("idemkey_test");
+    let store = support::postgres_store(&table).await;
+    let (id, token, lease) = (
+        RecordId::new("t", "k"),
+        FencingToken::random(),
+        Duration::from_secs(60),
+    );
+    let admin = support::postgres_admin(&support::postgres_url()).await;
+    let version = || async {
+        let v: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT xmin::text FROM \"{table}\""
+        )))
+        .fetch_one(&admin)
+        .await
+        .expect("row version");
+        v
+    };
+    let other = || ClaimRequest {
+        id: &id,
+        fingerprint: b"x",
+        token: FencingToken::random(),
+        lease,
+        retention: lease,
+    };
+    store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token,
+            lease,
+            retention: lease,
+        })
+        .await
+        .expect("claim");
+    let claimed = version().await;
+    assert!(matches!(
+        store.claim(other()).await.expect("duplicate"),
+        Claim::InProgress { .. }
+    ));
+    assert_eq!(
+        version().await,
+        claimed,
+        "a duplicate of a running request writes nothing"
+    );
+    store
+        .complete(&id, token, "reply".into(), lease)
+        .await
+        .expect("complete");
+    let completed = version().await;
+    for _ in 0..3 {
+        assert!(matches!(
+            store.claim(other()).await.expect("replay"),
+            Claim::Completed { .. }
+        ));
+    }
+    assert_eq!(version().await, completed, "a replay writes nothing");
+    support::drop_postgres_table(&table).await;
+}
+
+/// The table and index of the schema before contract v2 (no `created`, no `retention`,
+/// no in-progress index), as `PostgresStore::schema_sql` wrote them.
+fn previous_schema(t: &str, index: &str) -> String {
+    format!(
+        "CREATE TABLE {t} (
+    id          bytea       PRIMARY KEY,
+    fingerprint bytea       NOT NULL,
+    token       bytea,
+    payload     bytea,
+    taken_over  boolean     NOT NULL DEFAULT false,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX {index} ON {t} (expires_at);"
+    )
+}
+
+/// `migrate` upgrades a table of the previous schema in place: its rows stay readable
+/// and writable, the store then passes the conformance suite, and a missing index is
+/// found and made again.
+async fn upgrades_in_place(schema: Option<&str>) {
+    let base = support::unique("idemkey_test");
+    let (name, quoted) = match schema {
+        Some(s) => (format!("{s}.{base}"), format!("\"{s}\".\"{base}\"")),
+        None => (base.clone(), format!("\"{base}\"")),
+    };
+    let admin = support::postgres_admin(&support::postgres_url()).await;
+    if let Some(s) = schema {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{s}\"")))
+            .execute(&admin)
+            .await
+            .expect("create the schema");
+    }
+    let index = format!("\"{base}_expires_at\"");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(previous_schema(&quoted, &index)))
+        .execute(&admin)
+        .await
+        .expect("create a table of the previous schema");
+    let rows = support::PreviousRows::new();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {quoted} (id, fingerprint, token, payload, expires_at) VALUES
+  ($1, 'fp', NULL, 'old payload', now() + interval '1 hour'),
+  ($2, 'fp', $3, NULL, now() + interval '1 hour')"
+    )))
+    .bind(rows.done.as_bytes().as_slice())
+    .bind(rows.running.as_bytes().as_slice())
+    .bind(rows.owner.to_bytes().as_slice())
+    .execute(&admin)
+    .await
+    .expect("rows of the previous version");
+
+    let store = PostgresStore::builder(support::postgres_url())
+        .table(&name)
+        .connect()
+        .await
+        .expect("connect");
+    let upgrading = std::time::SystemTime::now();
+    store.migrate().await.expect("migrate upgrades the table");
+    rows.expect_upgraded(&store, upgrading).await;
+
+    conformance::run(|| {
+        let store = store.clone();
+        async move { store }
+    })
+    .await;
+
+    // A missing index is found and made again; then migrate has nothing to do.
+    let in_progress = match schema {
+        Some(s) => format!("\"{s}\".\"{base}_in_progress\""),
+        None => format!("\"{base}_in_progress\""),
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX {in_progress}")))
+        .execute(&admin)
+        .await
+        .expect("drop the in-progress index");
+    store.migrate().await.expect("migrate again");
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&in_progress)
+        .fetch_one(&admin)
+        .await
+        .expect("look the index up");
+    assert!(exists, "migrate makes a missing index again");
+    store.migrate().await.expect("migrate a current schema");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(store.schema_sql()))
+        .execute(&admin)
+        .await
+        .expect("schema_sql runs again on the upgraded table");
+
+    let drop = match schema {
+        Some(s) => format!("DROP SCHEMA \"{s}\" CASCADE"),
+        None => format!("DROP TABLE {quoted}"),
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&admin)
+        .await
+        .expect("drop the test table");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_upgrades_a_table_of_the_previous_schema() {
+    upgrades_in_place(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_upgrades_a_schema_qualified_table_of_the_previous_schema() {
+    upgrades_in_place(Some(&support::unique("idemkey_schema"))).await;
+}
