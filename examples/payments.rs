@@ -1,7 +1,7 @@
 //! The main demo: a client and a verifier paired over loopback, with injected faults.
 //!
 //! ```sh
-//! cargo run --example payments
+//! cargo run --example payments --features test-util
 //! ```
 //!
 //! Starts the charge API of `examples/charge_server.rs` (`examples/common/charge_app.rs`)

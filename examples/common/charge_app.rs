@@ -18,6 +18,7 @@
 //!   would show here).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,8 +29,24 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
 use idemkey::server::{HeaderScope, IdempotencyLayer};
-use idemkey::testing::Executions;
 use serde::{Deserialize, Serialize};
+
+/// How many charges the app created; clones share the count (the example servers
+/// need no test helpers, so not `idemkey::testing::Executions`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Executions(Arc<AtomicU64>);
+
+impl Executions {
+    /// Counts one charge and returns the new total.
+    pub(crate) fn record(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Charges so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
 
 /// The charge API's handlers and their execution count. Several routers made by
 /// [`ChargeApp::router`] (say, verifier instances over one shared store) share the

@@ -1,7 +1,6 @@
 //! The client half against a real recording server on 127.0.0.1.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -508,7 +507,8 @@ async fn v5_keys_identical_across_processes() {
     let exe = std::env::current_exe().expect("the test binary");
     for _ in 0..2 {
         let status = tokio::process::Command::new(&exe)
-            .args(["--exact", "child_sends_derived_keys", "--nocapture"])
+            .args(["--exact", &support::test_name(module_path!(), "child_sends_derived_keys")])
+            .arg("--nocapture")
             .env("IDEMKEY_CHILD_URL", server.url("/charges"))
             .status()
             .await

@@ -2,8 +2,7 @@
 //! both replay spellings, 423 in progress, the retry hints, the retry budget, and single
 //! flight per key.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,8 +2,7 @@
 //! documentation describes (status, headers, body; the sources are cited in the
 //! profiles' rustdoc).
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

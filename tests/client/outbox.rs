@@ -2,8 +2,7 @@
 //! and sending, recording, resuming and the transactional outbox against the real
 //! verifier (the examples' charge app) on 127.0.0.1.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::{Duration, SystemTime};
 

@@ -2,8 +2,7 @@
 //! `charge_server` (another process), killed with SIGKILL and started again; the same
 //! suite on a SQLite journal and on a PostgreSQL one.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Output, Stdio};

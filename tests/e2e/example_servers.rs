@@ -3,8 +3,7 @@
 //! `Content-Length` with the verifier's `408` without claiming its key, and leave the key
 //! of a request the router refused (`405`) to the request that follows.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

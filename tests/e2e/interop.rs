@@ -11,8 +11,7 @@
 //!
 //! The README's interop table says what each case shows.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,8 +1,7 @@
 //! The client half paired with the verifier over loopback, through the fault injector:
 //! exactly-once effects although responses are lost.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

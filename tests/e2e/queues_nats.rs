@@ -5,8 +5,7 @@
 //! account ends with exactly the sum of the distinct charges through the transactional
 //! inbox, and within `Engine::once`'s guarantee through `once`.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! `Engine::once`'s guarantee (a repeat only for an effect a kill interrupted before its
 //! record) through `once`.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //! choosing: the in-progress list oldest first, one record by scope and key, and a
 //! force-release that lets the next request run while the stuck owner is fenced.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use axum::Router;
 use idemkey::IdempotencyKey;

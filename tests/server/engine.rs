@@ -1,8 +1,7 @@
 //! The framework-free engine and the function-level API, on the memory store, with time
 //! driven by `tokio::time::pause`.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! half, messages by prost derive: no protoc) served over HTTP/2 on 127.0.0.1, with
 //! the key in `idempotency-key` metadata.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

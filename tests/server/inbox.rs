@@ -3,8 +3,7 @@
 //! them. Real PostgreSQL (a crash is the server ending the connection's backend
 //! between the effect and the commit) and a real SQLite file.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -1,7 +1,6 @@
 //! The layer without axum: as a plain tower service, and served by hyper directly.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -1,7 +1,6 @@
 //! Every row of the server semantics table, over HTTP against a real server on 127.0.0.1.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! Responses that stream: the tee sends each frame to the caller as the handler makes
 //! it and copies it to the record; trailers are kept and replayed.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -2,8 +2,7 @@
 //! (captured by a `tracing` layer) and its counters and histograms (captured by
 //! `metrics-util`'s debugging recorder), for the verifier, its store and the client.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

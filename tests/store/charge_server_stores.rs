@@ -2,8 +2,7 @@
 //! (SIGKILL, by its pid) after a charge and started again; the restarted server replays
 //! the charge from the store instead of charging again.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::process::Command;
 

@@ -7,8 +7,7 @@
 //! Every server is private, on free ports, killed by its pid when the test ends (the
 //! support guards' `Drop`, also on a panic).
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,7 @@
 //! The store conformance suite (`idemkey::testing::conformance`) against every store:
 //! memory here, and each real store against its real server.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use idemkey::store::MemoryStore;
 use idemkey::testing::conformance;

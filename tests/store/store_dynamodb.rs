@@ -4,8 +4,7 @@
 //! that DynamoDB has not deleted yet, claims from several clients, answers lost on the
 //! wire (`testing::FaultProxy`), and the requests per fresh request and per replay.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

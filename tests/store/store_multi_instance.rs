@@ -3,8 +3,7 @@
 //! reply; with waiting duplicates, 200 duplicates over 2 instances wait for the first
 //! answer and get its replay, woken by the store's notifications.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::sync::Arc;

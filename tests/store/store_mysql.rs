@@ -2,8 +2,7 @@
 //! conformance suite, claims from several pools, the sweep, migrations, errors, and the
 //! statements per request counted by a private server.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! back traffic resumes by itself, nothing completed before the outage runs again, and
 //! an outcome the verifier held through the outage is recorded.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! PostgreSQL-specific behaviour: the claim statement under concurrency from several
 //! pools, concurrent migrations, the sweep, and errors.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

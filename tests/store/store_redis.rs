@@ -1,8 +1,7 @@
 //! Redis-specific behaviour: round trips counted by the server, key layout and TTL,
 //! unavailability while the server is down.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::Duration;

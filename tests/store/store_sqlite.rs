@@ -1,7 +1,6 @@
 //! SQLite-specific behaviour: records survive a restart and a crash of the process.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -104,7 +103,7 @@ async fn completed_records_survive_a_crash() {
     let path = dir.path().join("records.db");
     let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args([
-            "crash_child",
+            &support::test_name(module_path!(), "crash_child"),
             "--exact",
             "--nocapture",
             "--test-threads",

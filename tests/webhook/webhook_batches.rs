@@ -2,8 +2,7 @@
 //! release on cancellation, items without ids, invalid items, items inside an envelope,
 //! retention floors.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! Every preset against deliveries shaped like the provider's documented ones, and the
 //! retention floors against the real layer and store with a paused clock.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! (`examples/webhook_receiver.rs`) and routes built the same way, with deliveries shaped
 //! like the providers' documented ones.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

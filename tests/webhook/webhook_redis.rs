@@ -1,7 +1,6 @@
 //! Two receiver instances sharing the real Redis process each event once between them.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

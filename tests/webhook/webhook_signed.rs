@@ -4,8 +4,7 @@
 //! the vendors' own test vectors where they publish them. Every refused delivery is
 //! checked to have left the store untouched (a store that counts what it is asked, `FlakyStore`).
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
