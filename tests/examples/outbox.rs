@@ -3,8 +3,8 @@
 //!
 //! ```sh
 //! cargo run --example charge_server -- --addr 127.0.0.1:3000 &
-//! cargo run --example outbox --features outbox-sqlite,outbox-postgres -- --url http://127.0.0.1:3000 --db shop.db --count 20 --crash-after 7
-//! cargo run --example outbox --features outbox-sqlite,outbox-postgres -- --url http://127.0.0.1:3000 --db shop.db --count 20
+//! cargo run -p idemkey-integration --example outbox -- --url http://127.0.0.1:3000 --db shop.db --count 20 --crash-after 7
+//! cargo run -p idemkey-integration --example outbox -- --url http://127.0.0.1:3000 --db shop.db --count 20
 //! curl -s localhost:3000/stats    # {"executions":20,...}: the crash cost no second charge
 //! ```
 //!
