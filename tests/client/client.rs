@@ -507,7 +507,10 @@ async fn v5_keys_identical_across_processes() {
     let exe = std::env::current_exe().expect("the test binary");
     for _ in 0..2 {
         let status = tokio::process::Command::new(&exe)
-            .args(["--exact", &support::test_name(module_path!(), "child_sends_derived_keys")])
+            .args([
+                "--exact",
+                &support::test_name(module_path!(), "child_sends_derived_keys"),
+            ])
             .arg("--nocapture")
             .env("IDEMKEY_CHILD_URL", server.url("/charges"))
             .status()

@@ -195,7 +195,7 @@ impl Preset {
     /// `decision` (or the first three when there is no decision). Scoped by the
     /// application (`application_id`) when the payload names it.
     ///
-    /// Check signatures with [`DiditVerifier`](super::DiditVerifier):
+    /// Check signatures with [`DiditVerifier`](crate::webhook::DiditVerifier):
     /// `Preset::didit().verifier(DiditVerifier::new(secret))`.
     ///
     /// Why `event_id`. Didit's current docs make it the fact's id: a resent delivery
@@ -241,7 +241,7 @@ impl Preset {
 
     /// Persona (identity verification): the event's id, `data.id` (`evt_...`).
     ///
-    /// Check signatures with [`HmacVerifier::persona`](super::HmacVerifier::persona)
+    /// Check signatures with [`HmacVerifier::persona`](crate::webhook::HmacVerifier::persona)
     /// (`Persona-Signature: t=...,v1=...`).
     ///
     /// Source: Persona docs, "Webhooks" (events are JSON:API documents whose `data` is
@@ -262,7 +262,7 @@ impl Preset {
     /// `payload.object.status` (the first three when there is no status): a new action
     /// or status of the same check is a new fact.
     ///
-    /// Check signatures with [`HmacVerifier::onfido`](super::HmacVerifier::onfido)
+    /// Check signatures with [`HmacVerifier::onfido`](crate::webhook::HmacVerifier::onfido)
     /// (`X-SHA2-Signature`).
     ///
     /// Source: Onfido docs, "Webhooks" / "Manual webhook signature verification", and
@@ -290,7 +290,7 @@ impl Preset {
     /// Sumsub (identity verification): the event's `correlationId` together with its
     /// `type`; for payloads without one, `applicantId`, `type` and `createdAtMs`.
     ///
-    /// Check signatures with [`HmacVerifier::sumsub`](super::HmacVerifier::sumsub)
+    /// Check signatures with [`HmacVerifier::sumsub`](crate::webhook::HmacVerifier::sumsub)
     /// (`x-payload-digest`, algorithm in `x-payload-digest-alg`).
     ///
     /// Source: Sumsub docs, "User verification webhooks" (`correlationId`: "A unique
