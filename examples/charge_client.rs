@@ -15,7 +15,7 @@
 //!
 //! Each line: `{"key": "...", "status": 200, "attempts": 1, "replayed": false,
 //! "error": null, "message": null}`; `status` is null when no response came, `error` is
-//! null or a stable snake_case kind (`key_reused`, `conflict`, `already_executed`,
+//! null or a stable snake_case kind (`key_reused`, `in_progress`, `already_executed`,
 //! `outcome_unknown`, `never_sent` when nothing could be sent (nothing listening, say),
 //! `retry_budget_exhausted`, `invalid_key`, `body_not_replayable`, `unexpected_status`
 //! for any other non-2xx answer, `transport` for an error outside idemkey, such as a URL
@@ -25,7 +25,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
+use idemkey::client::{Error, IdempotentClientBuilder, RequestBuilderExt, ResponseExt};
 use serde_json::json;
 
 #[path = "common/telemetry.rs"]
@@ -136,7 +136,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let client = ClientBuilder::new(reqwest::Client::new()).build();
+    let client = IdempotentClientBuilder::new(reqwest::Client::new()).build();
     let mut all_ok = true;
     let mut out = std::io::stdout().lock();
     for i in 0..args.count {

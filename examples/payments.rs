@@ -27,7 +27,7 @@
 use std::process::ExitCode;
 
 use futures_util::future::join_all;
-use idemkey::client::{ClientBuilder, Error, ResponseExt};
+use idemkey::client::{Error, IdempotentClientBuilder, ResponseExt};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use idemkey::testing::{Fault, FaultInjector, TestServer};
@@ -74,7 +74,7 @@ async fn main() -> ExitCode {
         }
     };
     let faults = FaultInjector::new(|shot| plan(shot.key_index, shot.key_attempt));
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .with_inner(faults.clone())
         .build();
     let url = server.url("/v1/charges");

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
+use idemkey::client::{Error, IdempotentClientBuilder, RequestBuilderExt, ResponseExt};
 use reqwest_middleware::ClientWithMiddleware;
 use serde::{Deserialize, Serialize};
 
@@ -73,7 +73,7 @@ mod acme {
 
     impl AcmePay {
         pub fn new(base: impl Into<String>) -> Self {
-            let http = ClientBuilder::new(reqwest::Client::new())
+            let http = IdempotentClientBuilder::new(reqwest::Client::new())
                 .max_retries(3)
                 .build();
             Self {
@@ -120,7 +120,7 @@ mod acme {
                 Err(err) => {
                     return Err(match Error::from_middleware(&err) {
                         Some(e) if e.is_key_reused() => PaymentsError::Conflict(key_of(e.key())),
-                        Some(e) if e.is_outcome_unknown() || e.is_conflict() => {
+                        Some(e) if e.is_outcome_unknown() || e.is_in_progress() => {
                             PaymentsError::Unknown(key_of(e.key()))
                         }
                         _ => PaymentsError::Other(err),

@@ -88,7 +88,7 @@ mod serve;
 mod telemetry;
 
 /// The largest Adyen batch read (the presets' layers have the same default, 2 MiB).
-const BODY_LIMIT: usize = idemkey::server::DEFAULT_BODY_LIMIT;
+const BODY_LIMIT: usize = idemkey::server::IdempotencyLayer::DEFAULT_BODY_LIMIT;
 
 /// Counts events processed by the handlers (replays do not reach them).
 #[derive(Clone, Default)]

@@ -28,7 +28,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
-use idemkey::server::{HeaderScope, IdempotencyLayer};
+use idemkey::server::{IdempotencyLayer, extract::HeaderScope};
 use serde::{Deserialize, Serialize};
 
 /// How many charges the app created; clones share the count (the example servers

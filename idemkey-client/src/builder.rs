@@ -38,25 +38,25 @@ use super::retry::{RetryBudget, RetryMiddleware};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkey::client::{ClientBuilder, VendorProfile};
+/// use idemkey::client::{IdempotentClientBuilder, VendorProfile};
 ///
-/// let client = ClientBuilder::new(reqwest::Client::new())
+/// let client = IdempotentClientBuilder::new(reqwest::Client::new())
 ///     .profile(VendorProfile::paypal())
 ///     .max_retries(5)
 ///     .retry_after_cap(Duration::from_secs(10))
 ///     .deadline(Duration::from_secs(60))
 ///     .build();
 /// ```
-pub struct ClientBuilder {
+pub struct IdempotentClientBuilder {
     client: reqwest::Client,
     retry: RetryMiddleware,
     outer: Vec<Arc<dyn Middleware>>,
     inner: Vec<Arc<dyn Middleware>>,
 }
 
-impl std::fmt::Debug for ClientBuilder {
+impl std::fmt::Debug for IdempotentClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientBuilder")
+        f.debug_struct("IdempotentClientBuilder")
             .field("retry", &self.retry)
             .field("outer", &self.outer.len())
             .field("inner", &self.inner.len())
@@ -64,14 +64,14 @@ impl std::fmt::Debug for ClientBuilder {
     }
 }
 
-impl Default for ClientBuilder {
+impl Default for IdempotentClientBuilder {
     /// A builder over `reqwest::Client::new()`.
     fn default() -> Self {
         Self::new(reqwest::Client::new())
     }
 }
 
-impl ClientBuilder {
+impl IdempotentClientBuilder {
     /// A builder over your `reqwest::Client` (its timeouts, TLS and pool settings
     /// apply to every attempt).
     #[must_use]
@@ -161,10 +161,10 @@ impl ClientBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idemkey::client::ClientBuilder;
+    /// use idemkey::client::IdempotentClientBuilder;
     ///
     /// // A fast internal API: give up on an attempt after 5 s, on the call after 20 s.
-    /// let client = ClientBuilder::new(reqwest::Client::new())
+    /// let client = IdempotentClientBuilder::new(reqwest::Client::new())
     ///     .attempt_timeout(Duration::from_secs(5))
     ///     .deadline(Duration::from_secs(20))
     ///     .build();

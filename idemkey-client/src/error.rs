@@ -52,7 +52,7 @@ pub(crate) enum Kind {
         "the request with idempotency key {key} was still in progress on the server after the \
          last attempt (HTTP {status}); retry later with the same key to get its outcome"
     )]
-    Conflict {
+    InProgress {
         key: IdempotencyKey,
         status: StatusCode,
     },
@@ -143,8 +143,8 @@ impl Error {
     /// earlier request with this key is running) when the retries ran out. Retry later
     /// with the same key.
     #[must_use]
-    pub fn is_conflict(&self) -> bool {
-        matches!(self.0.kind, Kind::Conflict { .. })
+    pub fn is_in_progress(&self) -> bool {
+        matches!(self.0.kind, Kind::InProgress { .. })
     }
 
     /// The server says a request with this key was executed before and answers with
@@ -216,7 +216,7 @@ impl Error {
     pub fn key(&self) -> Option<&IdempotencyKey> {
         match &self.0.kind {
             Kind::KeyReused { key, .. }
-            | Kind::Conflict { key, .. }
+            | Kind::InProgress { key, .. }
             | Kind::AlreadyExecuted { key, .. }
             | Kind::OutcomeUnknown { key, .. }
             | Kind::NeverSent { key, .. }
@@ -240,7 +240,7 @@ impl Error {
     pub fn kind_str(&self) -> &'static str {
         match self.0.kind {
             Kind::KeyReused { .. } => "key_reused",
-            Kind::Conflict { .. } => "conflict",
+            Kind::InProgress { .. } => "in_progress",
             Kind::AlreadyExecuted { .. } => "already_executed",
             Kind::OutcomeUnknown { .. } => "outcome_unknown",
             Kind::NeverSent { .. } => "never_sent",

@@ -1,36 +1,18 @@
 //! The client half: idempotency keys that stay fixed across retries.
 //!
-//! [`ClientBuilder`] assembles a [`reqwest_middleware::ClientWithMiddleware`] that
-//!
-//! - gives every POST and PATCH (the method set is configurable) an `Idempotency-Key`
-//!   (or a vendor's header name, see [`KeyHeader`](idemkey_core::protocol::KeyHeader)): a random UUID v4, or the key you
-//!   set or derive per call with [`RequestBuilderExt`]; a key you set is never replaced;
-//! - retries connect errors, timeouts, dropped connections, 408, 429, 5xx, and 409 and
-//!   423 (an earlier request with the key is still running) **with the same key**, with
-//!   exponential backoff and jitter, honouring the server's hints (`x-should-retry`,
-//!   `Stripe-Should-Retry`, `retry-after-ms`, `Retry-After` in seconds or as an HTTP
-//!   date; capped) within a per-attempt timeout ([`DEFAULT_ATTEMPT_TIMEOUT`], 80 s), an
-//!   overall deadline ([`DEFAULT_DEADLINE`], 5 minutes) and a client-wide
-//!   [`RetryBudget`]; 400 and 422 are never retried, and a POST or PATCH without a key is
-//!   never retried;
-//! - speaks the vendor's dialect ([`VendorProfile`]: Stripe, Adyen, PayPal, Square,
-//!   Checkout.com, GoCardless, Stainless-style APIs, or your own): where the key goes,
-//!   how long it may be, which answers mean "key reused", "already executed" or "in
-//!   progress";
-//! - lets concurrent calls with the same chosen key share one request
-//!   ([`ClientBuilder::single_flight`]);
-//! - tells you, on every response, the key, the number of attempts, and whether the
-//!   server replayed a stored response ([`ResponseExt::idempotency`]);
-//! - turns the cases you must handle into a typed [`Error`]: key reused with a different
-//!   payload, conflict that outlasted the retries, already executed, outcome unknown
-//!   (with the key, so you can retry later), never sent (every attempt failed to
-//!   connect: nothing executed), retry budget exhausted, invalid key, body that cannot
-//!   be replayed.
+//! [`IdempotentClientBuilder`] assembles a [`reqwest_middleware::ClientWithMiddleware`]
+//! that gives every POST and PATCH an `Idempotency-Key` (a random UUID v4, or one you set
+//! or derive per call), retries transient failures **with the same key** within a
+//! per-attempt timeout, a deadline and a client-wide retry budget, honours the server's
+//! retry hints, speaks the vendor's dialect ([`VendorProfile`]), tells you on every
+//! response whether it was replayed ([`ResponseExt::idempotency`]), and turns the cases
+//! you must handle into a typed [`Error`]. With the `outbox` feature, [`outbox`] keeps
+//! calls across a crash.
 //!
 //! # Quick start
 //!
 //! ```
-//! use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
+//! use idemkey::client::{IdempotentClientBuilder, Error, RequestBuilderExt, ResponseExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -49,7 +31,7 @@
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let base = format!("http://{}", listener.local_addr()?);
 //! # tokio::spawn(async move { axum::serve(listener, app).await });
-//! let client = ClientBuilder::new(reqwest::Client::new()).build();
+//! let client = IdempotentClientBuilder::new(reqwest::Client::new()).build();
 //!
 //! // A random key, fixed across the retry that the 503 causes.
 //! let response = client.post(format!("{base}/charges")).body(r#"{"amount":100}"#).send().await?;
@@ -77,28 +59,13 @@
 //! # }
 //! ```
 //!
-//! # Where the key lives
+// Without the feature the module is absent: the link then leads to its docs.rs page.
+#![cfg_attr(
+    not(feature = "outbox"),
+    doc = "[`outbox`]: https://docs.rs/idemkey-client/latest/idemkey_client/outbox/"
+)]
 //!
-//! The key middleware stores the key it chose in the request's [`http::Extensions`].
-//! A retry middleware hands the same extensions to every attempt, so the key is reused
-//! whether [`IdempotencyKeyMiddleware`] runs outside the retry loop (as
-//! [`ClientBuilder`] places it) or inside `reqwest_retry::RetryTransientMiddleware` in a
-//! stack of your own.
-//!
-//! # Errors
-//!
-//! Middleware errors reach you inside [`reqwest_middleware::Error::Middleware`]; get
-//! this crate's [`Error`] back with [`Error::from_middleware`]. A non-success final
-//! answer of a keyed request becomes an [`Error`] that keeps the response
-//! ([`Error::response`]): in progress when the retries ran out ([`Error::is_conflict`]),
-//! a reused key ([`Error::is_key_reused`]: the `key-reused` problem or the profile's
-//! equivalent), already executed ([`Error::is_already_executed`]), 5xx/408/429 that
-//! outlasted the retries ([`Error::is_outcome_unknown`]) or the retry budget
-//! ([`Error::is_retry_budget_exhausted`]). Transport errors that outlasted the retries
-//! are [`Error::is_outcome_unknown`] too, unless no attempt got as far as sending the
-//! request ([`Error::is_never_sent`]: connection refused, unknown host). Other statuses (404, 401, a validation 422,
-//! ...) come back as ordinary responses.
-
+#![doc = include_str!("guide.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod buffered;
@@ -117,7 +84,7 @@ mod response;
 mod retry;
 mod telemetry;
 
-pub use builder::ClientBuilder;
+pub use builder::IdempotentClientBuilder;
 // The key type, from idemkey-core: one type for both halves and the facade.
 pub use error::Error;
 pub use idemkey_core::{IdempotencyKey, InvalidKey};

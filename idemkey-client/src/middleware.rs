@@ -12,7 +12,7 @@ use super::response::annotate;
 /// Gives every logical request of the configured methods (POST and PATCH by default) an
 /// idempotency key and keeps that key on every attempt.
 ///
-/// [`ClientBuilder`](crate::ClientBuilder) and
+/// [`IdempotentClientBuilder`](crate::IdempotentClientBuilder) and
 /// [`RetryMiddleware`](crate::RetryMiddleware) do this work themselves; use this
 /// middleware to add keys to a stack built on `reqwest_retry::RetryTransientMiddleware`.
 /// It works on either side of it: the key is kept in the request's [`Extensions`],

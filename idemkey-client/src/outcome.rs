@@ -113,7 +113,7 @@ pub(crate) fn finish(
             let kind = match class {
                 Class::KeyReused => Kind::KeyReused { key, status },
                 Class::AlreadyExecuted => Kind::AlreadyExecuted { key, status },
-                Class::InProgress => Kind::Conflict { key, status },
+                Class::InProgress => Kind::InProgress { key, status },
                 Class::Other if status::is_transient(status) => Kind::OutcomeUnknown {
                     key,
                     cause: format!("the last of {attempts} attempt(s) was answered {status}"),

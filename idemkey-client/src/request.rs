@@ -35,7 +35,7 @@ pub(crate) struct InFlight {
 /// extensions before each attempt (1 for the first).
 ///
 /// Middlewares added with
-/// [`ClientBuilder::with_inner`](crate::ClientBuilder::with_inner) run once per
+/// [`IdempotentClientBuilder::with_inner`](crate::IdempotentClientBuilder::with_inner) run once per
 /// attempt and can read it, for example to tell the server which attempt it sees:
 ///
 /// ```
@@ -107,11 +107,11 @@ pub(crate) fn attempts_so_far(ext: &Extensions) -> u32 {
 /// wins over them (the client never replaces a key the caller set).
 ///
 /// ```no_run
-/// use idemkey::client::{ClientBuilder, RequestBuilderExt};
+/// use idemkey::client::{IdempotentClientBuilder, RequestBuilderExt};
 /// use idemkey::IdempotencyKey;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = ClientBuilder::default().build();
+/// let client = IdempotentClientBuilder::default().build();
 /// let charge = serde_json::json!({"amount": 1000, "currency": "eur", "order": "o-42"});
 ///
 /// // Re-running this line (in any process) sends the same key: the server replays.

@@ -36,7 +36,7 @@ impl IdempotencyInfo {
     /// How many attempts were sent, this response's included (1 when the first one
     /// answered).
     ///
-    /// Counted by this crate's retry middleware ([`ClientBuilder`](crate::ClientBuilder)),
+    /// Counted by this crate's retry middleware ([`IdempotentClientBuilder`](crate::IdempotentClientBuilder)),
     /// or by [`IdempotencyKeyMiddleware`](crate::IdempotencyKeyMiddleware) when it
     /// runs inside another retry middleware. Placed *outside*
     /// `reqwest_retry::RetryTransientMiddleware`, the key middleware sees one pass and
@@ -56,7 +56,7 @@ impl IdempotencyInfo {
 
     /// Whether this answer came from a concurrent call of the same client with the same
     /// key and request, whose one request this call shared instead of sending its own
-    /// ([`ClientBuilder::single_flight`](crate::ClientBuilder::single_flight)).
+    /// ([`IdempotentClientBuilder::single_flight`](crate::IdempotentClientBuilder::single_flight)).
     /// The body was read into memory to be shared; [`attempts`](Self::attempts) counts
     /// that call's attempts.
     #[must_use]
@@ -68,10 +68,10 @@ impl IdempotencyInfo {
 /// Reads [`IdempotencyInfo`] off a [`reqwest::Response`].
 ///
 /// ```no_run
-/// use idemkey::client::{ClientBuilder, ResponseExt};
+/// use idemkey::client::{IdempotentClientBuilder, ResponseExt};
 ///
 /// # async fn run() -> Result<(), reqwest_middleware::Error> {
-/// let client = ClientBuilder::default().build();
+/// let client = IdempotentClientBuilder::default().build();
 /// let response = client.post("http://127.0.0.1:8080/charges").body("{}").send().await?;
 /// if let Some(info) = response.idempotency() {
 ///     println!("key {} after {} attempt(s), replayed: {}", info.key(), info.attempts(), info.replayed());

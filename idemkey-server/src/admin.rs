@@ -325,6 +325,6 @@ fn store_rejection(e: StoreError) -> Rejection {
         Rejection::record_unreadable(e)
     } else {
         Rejection::of(Problem::StoreUnavailable, e.to_string())
-            .with_retry_after(super::engine::DEFAULT_UNAVAILABLE_RETRY_AFTER)
+            .with_retry_after(crate::Engine::DEFAULT_UNAVAILABLE_RETRY_AFTER)
     }
 }

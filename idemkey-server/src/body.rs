@@ -1,6 +1,10 @@
-//! The bodies of the layer: the types it hands to the inner service and back to the
-//! caller, and how it collects a request body up to its limit (a response body is
-//! streamed and copied by the layer's tee).
+//! The bodies of the layer: the request body it hands to the inner service
+//! ([`RequestBody`]: the bytes it buffered to read a key or fingerprint, or the body as
+//! it came when it did not need to), and the response body it hands back to the caller
+//! ([`ResponseBody`]: a replay, a problem, or the inner service's body streamed while
+//! the layer copies it to the record). An inner service behind
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) takes `http::Request<RequestBody<B>>`;
+//! axum's `Router` takes any body, so most users never name them.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

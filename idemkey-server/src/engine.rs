@@ -12,16 +12,6 @@ use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
 use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
 
-/// Default lease of a claim: how long a crashed owner blocks its key.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
-/// Default retention of a completed record (API calls).
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-/// Default cap of the wait advised to a duplicate of a running request
-/// ([`Claimed::InProgress`]).
-pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// Default wait advised when the store fails ([`ClaimError::retry_after`]).
-pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
-
 /// The verifier's core, independent of any HTTP framework: it claims a key, lets the
 /// caller run the operation while it renews the lease, then completes or releases it.
 ///
@@ -55,6 +45,19 @@ pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct Engine {
     cfg: Arc<Config>,
+}
+
+/// The defaults of [`EngineBuilder`].
+impl Engine {
+    /// Default lease of a claim: how long a crashed owner blocks its key.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
+    /// Default retention of a completed record (API calls).
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// Default cap of the wait advised to a duplicate of a running request
+    /// ([`Claimed::InProgress`]).
+    pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
+    /// Default wait advised when the store fails ([`ClaimError::retry_after`]).
+    pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
 }
 
 #[derive(Clone)]
@@ -256,13 +259,13 @@ impl Engine {
             cfg: Config {
                 store: EngineStore::new(store, Arc::clone(&metrics)),
                 metrics,
-                lease: DEFAULT_LEASE,
-                renew_every: DEFAULT_LEASE / 3,
+                lease: Engine::DEFAULT_LEASE,
+                renew_every: Engine::DEFAULT_LEASE / 3,
                 renew_every_set: None,
-                retention: DEFAULT_RETENTION,
+                retention: Engine::DEFAULT_RETENTION,
                 fail_open: false,
-                unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
-                in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
+                unavailable_retry_after: Engine::DEFAULT_UNAVAILABLE_RETRY_AFTER,
+                in_progress_retry_after: Engine::DEFAULT_IN_PROGRESS_RETRY_AFTER,
                 recordings: Arc::default(),
             },
         }

@@ -10,8 +10,8 @@
 //! stored. The layer's own answers to a gRPC call are gRPC statuses too
 //! ([`Rejection::into_grpc_response`]).
 //!
-//! [`HeaderKey`]: crate::HeaderKey
-//! [`OutcomePolicy`]: crate::OutcomePolicy
+//! [`HeaderKey`]: crate::extract::HeaderKey
+//! [`OutcomePolicy`]: crate::policy::OutcomePolicy
 //! [`Rejection::into_grpc_response`]: crate::Rejection::into_grpc_response
 
 use http::{HeaderMap, StatusCode, header};

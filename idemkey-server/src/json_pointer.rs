@@ -20,7 +20,7 @@
 //! surrogate escapes), the rule fingerprints have always used, so that no stored
 //! fingerprint changes.
 //!
-//! [`KeySource::json_pointer`]: crate::KeySource::json_pointer
+//! [`KeySource::json_pointer`]: crate::extract::KeySource::json_pointer
 //! [`Fingerprinter::json_fields`]: crate::fingerprint::Fingerprinter::json_fields
 
 use std::borrow::Cow;

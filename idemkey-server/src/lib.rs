@@ -11,22 +11,22 @@
 //!
 //! What the verifier answers in each situation is the wire protocol's
 //! [behaviour table](idemkey_core::protocol#behaviour): written once, there. The
-//! [`OutcomePolicy`] decides which handler responses are kept;
+//! [`OutcomePolicy`](policy::OutcomePolicy) decides which handler responses are kept;
 //! [`IdempotencyLayer::stripe_compatible`] answers a reused key with 400 instead of 422;
 //! [`EngineBuilder::fail_open`] runs the handler unguarded when the store fails. Problems
 //! are [`Problem`](idemkey_core::protocol::Problem)s, sent by a [`Rejection`].
 //!
 //! # Keys, scopes and records
 //!
-//! The key comes from an [`ExtractKey`] (default: the `Idempotency-Key` header, bare or
-//! RFC 8941 sf-string), the scope from an [`ExtractScope`] (default: none; typically the
+//! The key comes from an [`ExtractKey`](extract::ExtractKey) (default: the `Idempotency-Key` header, bare or
+//! RFC 8941 sf-string), the scope from an [`ExtractScope`](extract::ExtractScope) (default: none; typically the
 //! API credential or the tenant). A record's address is
 //! [`RecordId::new(scope, key)`](crate::store::RecordId::new), a SHA-256 over both, so
 //! raw keys and scopes never reach the store and two tenants using one key never meet.
 //!
 //! ## Keys and scopes in headers: one rule
 //!
-//! | header | key ([`HeaderKey`], [`KeySource::header`]) | scope ([`HeaderScope`], [`ScopeSource::header`]) |
+//! | header | key ([`HeaderKey`](extract::HeaderKey), [`KeySource::header`](extract::KeySource::header)) | scope ([`HeaderScope`](extract::HeaderScope), [`ScopeSource::header`](extract::ScopeSource::header)) |
 //! |---|---|---|
 //! | absent | no key: `400 missing-key` where one is required | no scope: the unscoped space, or the source's fallback |
 //! | sent more than once | `400 invalid-key` | `400 invalid-scope` |
@@ -40,7 +40,7 @@
 //! it only reaches the store hashed together with the key.
 //!
 //! JSON fields are data rather than protocol and follow the encoders that write them: an
-//! absent field, `null` and `""` all mean "no value" (see [`KeySource`]).
+//! absent field, `null` and `""` all mean "no value" (see [`KeySource`](extract::KeySource)).
 //!
 //! # Leases, renewal, retention
 //!
@@ -81,19 +81,21 @@
 //! for Stripe, GitHub, Standard Webhooks and others, batches, and Standard Webhooks
 //! signatures.
 //!
+#![doc = include_str!("guide.md")]
+//!
 #![doc = include_str!("queues.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
-mod body;
+pub mod body;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod engine;
 mod execution;
-mod extract;
+pub mod extract;
 pub mod fingerprint;
 mod grpc;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -101,7 +103,7 @@ mod inbox;
 mod json_pointer;
 mod layer;
 pub(crate) mod once;
-mod policy;
+pub mod policy;
 pub(crate) mod record;
 mod rejection;
 pub mod store;
@@ -109,21 +111,15 @@ mod stored_response;
 mod telemetry;
 pub mod webhook;
 
-pub use body::{BoxError, RequestBody, ResponseBody};
-pub use engine::{
-    ClaimError, Claimed, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_LEASE, DEFAULT_RETENTION,
-    DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine, EngineBuilder,
-};
+// The root holds the ways in (the engine, the layer, the function API) and what their
+// signatures name; the parts a user configures are in the modules that say what they are
+// (`extract`, `policy`, `body`), each under one path.
+pub use engine::{ClaimError, Claimed, Engine, EngineBuilder};
 pub use execution::{Completion, Execution, Recording};
-pub use extract::{
-    ExtractKey, ExtractScope, HeaderKey, HeaderScope, KeySource, ScopeSource, Unscoped,
-};
-pub use layer::{
-    DEFAULT_BODY_LIMIT, DEFAULT_STORED_RESPONSE_LIMIT, Idempotency, IdempotencyLayer,
-    KeyRequirement, ResponseFuture,
-};
+pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use once::{OnceError, Settled};
-pub use policy::{InProgressPolicy, Outcome, OutcomePolicy};
 pub use rejection::Rejection;
-// The key type, from idemkey-core: one type for both halves and the facade.
+// The key type, from idemkey-core: one type for both halves and the facade. Each crate
+// re-exports it so that it can be used alone; through the facade its path is
+// `idemkey::IdempotencyKey`.
 pub use idemkey_core::{IdempotencyKey, InvalidKey};

@@ -1,5 +1,20 @@
-//! The outcome policy: which handler responses are kept and replayed, and which release
-//! the key so that a retry executes again.
+//! The layer's policies: which requests must carry a key ([`KeyRequirement`]), what a
+//! duplicate of a running request gets ([`InProgressPolicy`]), and which handler
+//! responses are kept and replayed and which release the key so that a retry executes
+//! again ([`OutcomePolicy`], giving each outcome its [`Disposition`]).
+//!
+//! ```
+//! use std::time::Duration;
+//! use idemkey::server::policy::{InProgressPolicy, KeyRequirement, OutcomePolicy};
+//! use idemkey::server::{Engine, IdempotencyLayer};
+//! use idemkey::store::MemoryStore;
+//!
+//! let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+//!     .require(KeyRequirement::Optional)
+//!     .in_progress(InProgressPolicy::Wait(Duration::from_secs(5)))
+//!     .policy(OutcomePolicy::began_executing());
+//! # let _ = layer;
+//! ```
 
 use std::time::Duration;
 
@@ -7,9 +22,16 @@ use http::StatusCode;
 
 use idemkey_core::protocol::status::{is_refused_as_sent, is_transient};
 
-/// What happens to a key once its handler answered.
+pub use crate::layer::KeyRequirement;
+
+/// What the verifier does with a handler's outcome: keep it, or release the key.
+///
+/// Not an outcome itself: the outcome is the handler's answer (the client's
+/// [`outbox::Outcome`](https://docs.rs/idemkey-client/latest/idemkey_client/outbox/struct.Outcome.html)
+/// is such an answer, as recorded by the caller); an [`OutcomePolicy`] gives each
+/// outcome its disposition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Disposition {
     /// Keep the response for the retention period and replay it to every retry.
     Store,
     /// Forget the claim: the next request with this key executes the handler again.
@@ -53,26 +75,26 @@ pub enum Outcome {
 /// - [`OutcomePolicy::custom`]: your own function of the status.
 ///
 /// ```
-/// use idemkey::server::{OutcomePolicy, Outcome};
+/// use idemkey::server::{policy::OutcomePolicy, policy::Disposition};
 /// use http::StatusCode;
 /// let p = OutcomePolicy::default();
-/// assert_eq!(p.decide(StatusCode::CREATED), Outcome::Store);
-/// assert_eq!(p.decide(StatusCode::CONFLICT), Outcome::Store);
-/// assert_eq!(p.decide(StatusCode::UNPROCESSABLE_ENTITY), Outcome::Store);
-/// assert_eq!(p.decide(StatusCode::NOT_FOUND), Outcome::Release);
-/// assert_eq!(p.decide(StatusCode::METHOD_NOT_ALLOWED), Outcome::Release);
-/// assert_eq!(p.decide(StatusCode::TOO_MANY_REQUESTS), Outcome::Release);
-/// assert_eq!(p.decide(StatusCode::BAD_GATEWAY), Outcome::Release);
+/// assert_eq!(p.decide(StatusCode::CREATED), Disposition::Store);
+/// assert_eq!(p.decide(StatusCode::CONFLICT), Disposition::Store);
+/// assert_eq!(p.decide(StatusCode::UNPROCESSABLE_ENTITY), Disposition::Store);
+/// assert_eq!(p.decide(StatusCode::NOT_FOUND), Disposition::Release);
+/// assert_eq!(p.decide(StatusCode::METHOD_NOT_ALLOWED), Disposition::Release);
+/// assert_eq!(p.decide(StatusCode::TOO_MANY_REQUESTS), Disposition::Release);
+/// assert_eq!(p.decide(StatusCode::BAD_GATEWAY), Disposition::Release);
 /// let stripe = OutcomePolicy::began_executing();
-/// assert_eq!(stripe.decide(StatusCode::BAD_GATEWAY), Outcome::Store);
-/// assert_eq!(stripe.decide(StatusCode::UNAUTHORIZED), Outcome::Release);
-/// assert_eq!(OutcomePolicy::store_all().decide(StatusCode::NOT_FOUND), Outcome::Store);
-/// assert_eq!(OutcomePolicy::success_only().decide(StatusCode::CONFLICT), Outcome::Release);
-/// let only_2xx = OutcomePolicy::custom(|s| if s.is_success() { Outcome::Store } else { Outcome::Release });
-/// assert_eq!(only_2xx.decide(StatusCode::CONFLICT), Outcome::Release);
+/// assert_eq!(stripe.decide(StatusCode::BAD_GATEWAY), Disposition::Store);
+/// assert_eq!(stripe.decide(StatusCode::UNAUTHORIZED), Disposition::Release);
+/// assert_eq!(OutcomePolicy::store_all().decide(StatusCode::NOT_FOUND), Disposition::Store);
+/// assert_eq!(OutcomePolicy::success_only().decide(StatusCode::CONFLICT), Disposition::Release);
+/// let only_2xx = OutcomePolicy::custom(|s| if s.is_success() { Disposition::Store } else { Disposition::Release });
+/// assert_eq!(only_2xx.decide(StatusCode::CONFLICT), Disposition::Release);
 /// ```
 #[derive(Clone, Copy)]
-pub struct OutcomePolicy(fn(StatusCode) -> Outcome);
+pub struct OutcomePolicy(fn(StatusCode) -> Disposition);
 
 impl OutcomePolicy {
     /// Store every answer, even those that say the request was refused as sent
@@ -80,7 +102,7 @@ impl OutcomePolicy {
     /// layer, whatever became of it.
     #[must_use]
     pub const fn store_all() -> Self {
-        Self(|_| Outcome::Store)
+        Self(|_| Disposition::Store)
     }
 
     /// Store every answer once the handler began executing, 5xx included; release the
@@ -92,9 +114,9 @@ impl OutcomePolicy {
     pub const fn began_executing() -> Self {
         Self(|s| {
             if is_refused_as_sent(s) {
-                Outcome::Release
+                Disposition::Release
             } else {
-                Outcome::Store
+                Disposition::Store
             }
         })
     }
@@ -108,31 +130,31 @@ impl OutcomePolicy {
     pub const fn success_only() -> Self {
         Self(|s| {
             if s.is_success() {
-                Outcome::Store
+                Disposition::Store
             } else {
-                Outcome::Release
+                Disposition::Release
             }
         })
     }
 
     /// Decide with your own function.
     #[must_use]
-    pub const fn custom(f: fn(StatusCode) -> Outcome) -> Self {
+    pub const fn custom(f: fn(StatusCode) -> Disposition) -> Self {
         Self(f)
     }
 
     /// The outcome for a response with `status`.
     #[must_use]
-    pub fn decide(&self, status: StatusCode) -> Outcome {
+    pub fn decide(&self, status: StatusCode) -> Disposition {
         (self.0)(status)
     }
 }
 
-fn default_decision(status: StatusCode) -> Outcome {
+fn default_decision(status: StatusCode) -> Disposition {
     if is_transient(status) || is_refused_as_sent(status) {
-        Outcome::Release
+        Disposition::Release
     } else {
-        Outcome::Store
+        Disposition::Store
     }
 }
 
@@ -163,7 +185,7 @@ impl std::fmt::Debug for OutcomePolicy {
 ///   fingerprint is still rejected at once (`422 key-reused`).
 ///
 /// ```
-/// use idemkey::server::{Engine, IdempotencyLayer, InProgressPolicy};
+/// use idemkey::server::{Engine, IdempotencyLayer, policy::InProgressPolicy};
 /// use idemkey::store::MemoryStore;
 /// use std::time::Duration;
 /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))

@@ -38,9 +38,9 @@ pub(crate) enum Decision {
     /// Completed with the same fingerprint: the stored response is replayed.
     Replay,
     /// The first request with this key is still running: `409 in-progress`.
-    Conflict,
+    InProgress,
     /// The key is held or completed with another fingerprint: `key-reused`.
-    Mismatch,
+    KeyReused,
     /// Answered before any claim: missing or invalid key or scope, body too large,
     /// unreadable or late.
     Rejected,
@@ -60,8 +60,8 @@ impl Decision {
         Self::Fresh,
         Self::Takeover,
         Self::Replay,
-        Self::Conflict,
-        Self::Mismatch,
+        Self::InProgress,
+        Self::KeyReused,
         Self::Rejected,
         Self::FailOpen,
         Self::StoreUnavailable,
@@ -74,8 +74,8 @@ impl Decision {
             Self::Fresh => "fresh",
             Self::Takeover => "takeover",
             Self::Replay => "replay",
-            Self::Conflict => "conflict",
-            Self::Mismatch => "mismatch",
+            Self::InProgress => "in_progress",
+            Self::KeyReused => "key_reused",
             Self::Rejected => "rejected",
             Self::FailOpen => "fail_open",
             Self::StoreUnavailable => "store_unavailable",
@@ -90,8 +90,8 @@ impl Decision {
             Ok(Claimed::Execute(exec)) if exec.is_takeover() => Self::Takeover,
             Ok(Claimed::Execute(_)) => Self::Fresh,
             Ok(Claimed::Replay(_)) => Self::Replay,
-            Ok(Claimed::InProgress { .. }) => Self::Conflict,
-            Ok(Claimed::KeyReused) => Self::Mismatch,
+            Ok(Claimed::InProgress { .. }) => Self::InProgress,
+            Ok(Claimed::KeyReused) => Self::KeyReused,
             Ok(Claimed::Unguarded) => Self::FailOpen,
             Err(_) => Self::StoreUnavailable,
         }

@@ -27,7 +27,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use idemkey::IdempotencyKey;
-use idemkey::client::ClientBuilder;
+use idemkey::client::IdempotentClientBuilder;
 
 fn keys(c: &mut Criterion) {
     let mut group = c.benchmark_group("key");
@@ -69,7 +69,7 @@ fn loopback(c: &mut Criterion) {
     let url = start_server();
     let rt = runtime();
     let bare = reqwest::Client::new();
-    let stack = ClientBuilder::new(reqwest::Client::new()).build();
+    let stack = IdempotentClientBuilder::new(reqwest::Client::new()).build();
 
     let mut group = c.benchmark_group("loopback_post");
     group.bench_function("bare_reqwest", |b| {
@@ -99,7 +99,7 @@ fn interleaved(_: &mut Criterion) {
     let url = start_server();
     let rt = runtime();
     let bare = reqwest::Client::new();
-    let stack = ClientBuilder::new(reqwest::Client::new()).build();
+    let stack = IdempotentClientBuilder::new(reqwest::Client::new()).build();
     let (canned_only, canned_stack) = canned_clients();
     let plain = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
     let retrying = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
@@ -361,7 +361,7 @@ fn canned_clients() -> (
     let baseline = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(Canned)
         .build();
-    let stack = ClientBuilder::new(reqwest::Client::new())
+    let stack = IdempotentClientBuilder::new(reqwest::Client::new())
         .with_inner(Canned)
         .build();
     (baseline, stack)

@@ -33,7 +33,7 @@
 use std::time::Instant;
 
 use axum::routing::post;
-use idemkey::client::ClientBuilder;
+use idemkey::client::IdempotentClientBuilder;
 use idemkey::client::outbox::{
     Enqueued, Journal, JournalError, Operation, Outbox, OutboxExt, Outcome, PostgresJournal,
     SqliteJournal,
@@ -175,7 +175,7 @@ async fn main() {
         .await
         .expect("verifier");
     let url = server.url("/v1/charges");
-    let client = ClientBuilder::new(reqwest::Client::new()).build();
+    let client = IdempotentClientBuilder::new(reqwest::Client::new()).build();
 
     let dir = std::env::temp_dir().join(format!("idemkey-bench-outbox-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

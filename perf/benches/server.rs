@@ -66,7 +66,7 @@ fn in_process(c: &mut Criterion) {
         ))))
     });
     let guarded_inner = tower::service_fn(
-        |req: http::Request<idemkey::server::RequestBody<Full<Bytes>>>| async move {
+        |req: http::Request<idemkey::server::body::RequestBody<Full<Bytes>>>| async move {
             let _ = req.into_body().collect().await;
             Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(
                 ANSWER.as_bytes(),

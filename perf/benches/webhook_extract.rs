@@ -12,7 +12,8 @@ use axum::routing::post;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Request};
 use idemkey::server::Engine;
-use idemkey::server::webhook::{KeySource, Preset};
+use idemkey::server::extract::KeySource;
+use idemkey::server::webhook::Preset;
 use idemkey::store::MemoryStore;
 use tower::ServiceExt;
 

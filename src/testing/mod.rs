@@ -5,7 +5,7 @@
 //! - [`FaultInjector`]: a `reqwest_middleware` middleware that, by a deterministic
 //!   plan, loses a response after the server processed the request, delays a request,
 //!   or resets the connection before the request arrives. Put it inside the client's
-//!   retry loop (`idemkey::client::ClientBuilder::with_inner`) so every attempt meets it.
+//!   retry loop (`idemkey::client::IdempotentClientBuilder::with_inner`) so every attempt meets it.
 //! - [`FaultProxy`]: the same faults at the network level, as a real HTTP proxy on
 //!   `127.0.0.1` between any client (another process, another language) and any server.
 //! - [`Executions`]: a counter of handler executions.
@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use axum::routing::post;
-//! use idemkey::client::{ClientBuilder, ResponseExt};
+//! use idemkey::client::{IdempotentClientBuilder, ResponseExt};
 //! use idemkey::server::{Engine, IdempotencyLayer};
 //! use idemkey::store::MemoryStore;
 //! use idemkey::testing::{Executions, Fault, FaultInjector, TestServer};
@@ -33,7 +33,7 @@
 //!
 //! // Lose the response to every key's first attempt, after the server processed it.
 //! let faults = FaultInjector::new(|shot| if shot.key_attempt == 0 { Fault::LoseResponse } else { Fault::None });
-//! let client = ClientBuilder::new(reqwest::Client::new()).with_inner(faults.clone()).build();
+//! let client = IdempotentClientBuilder::new(reqwest::Client::new()).with_inner(faults.clone()).build();
 //!
 //! let resp = client.post(server.url("/v1/charges"))
 //!     .header("content-type", "application/json")

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use idemkey::IdempotencyKey;
 use idemkey::client::{
-    Attempt, ClientBuilder, Error, IdempotencyKeyMiddleware, RequestBuilderExt, ResponseExt,
-    RetryMiddleware,
+    Attempt, Error, IdempotencyKeyMiddleware, IdempotentClientBuilder, RequestBuilderExt,
+    ResponseExt, RetryMiddleware,
 };
 use idemkey::protocol::KeyHeader;
 use reqwest_middleware::ClientWithMiddleware;
@@ -208,7 +208,7 @@ async fn retry_after_seconds_is_honoured() {
 /// the second, through a client with a 1 to 5 ms backoff and `cap`.
 async fn wait_asked_by(status: u16, value: impl Into<String>, cap: Duration) -> Duration {
     let server = Recorder::start([Reply::status(status).retry_after(value), Reply::ok()]).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(3))
         .retry_after_cap(cap)
         .build();
@@ -243,7 +243,7 @@ async fn a_timed_policy_counts_on_tokios_clock() {
         .retry_bounds(Duration::from_secs(1), Duration::from_secs(1))
         .jitter(retry_policies::Jitter::None)
         .build_with_total_retry_duration(Duration::from_secs(5));
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(policy)
         .without_retry_budget()
         .build();
@@ -262,7 +262,7 @@ async fn a_timed_policy_counts_on_tokios_clock() {
 #[tokio::test(start_paused = true)]
 async fn deadline_stops_the_retries() {
     let server = Recorder::start([Reply::status(503).retry_after("10")]).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(5))
         .deadline(Duration::from_secs(5))
         .build();
@@ -295,8 +295,8 @@ async fn conflict_that_outlasts_the_retries_is_typed() {
         .await
         .expect_err("409 on every attempt");
     let err = ours(&err);
-    assert!(err.is_conflict(), "{err}");
-    assert_eq!(err.kind_str(), "conflict");
+    assert!(err.is_in_progress(), "{err}");
+    assert_eq!(err.kind_str(), "in_progress");
     assert_eq!(err.attempts(), 3);
     assert_eq!(
         err.key().map(|k| k.as_str().to_owned()),
@@ -571,7 +571,7 @@ async fn key_middleware_outside_reqwest_retry_reuses_the_key() {
 #[tokio::test]
 async fn header_presets() {
     let server = Recorder::with_header("paypal-request-id", []).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .key_header(KeyHeader::PayPal)
         .build();
     client
@@ -622,7 +622,7 @@ async fn inner_middleware_runs_per_attempt() {
             idemkey::testing::Fault::None
         }
     });
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(3))
         .with_inner(SeesTheKey { fail_first: false })
         .with_inner(reset_first)
@@ -639,7 +639,7 @@ async fn an_inner_middlewares_own_error_is_not_retried() {
     // Only transport errors are transient; an inner middleware's own error (even one
     // wrapping an I/O error) is its verdict, as `reqwest_retry` classifies it.
     let server = Recorder::start([]).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(3))
         .with_inner(SeesTheKey { fail_first: true })
         .build();
@@ -733,7 +733,7 @@ impl reqwest_middleware::Middleware for Hang {
 
 #[tokio::test(start_paused = true)]
 async fn deadline_ends_a_hung_attempt() {
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .deadline(Duration::from_secs(30))
         .with_inner(Hang)
         .build();
@@ -770,7 +770,7 @@ async fn typed_errors_are_found_inside_reqwest_retry_errors() {
 /// carries no key.
 #[tokio::test(start_paused = true)]
 async fn deadline_ends_a_hung_attempt_without_a_key() {
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .deadline(Duration::from_secs(30))
         .with_inner(Hang)
         .build();
@@ -793,7 +793,7 @@ async fn deadline_ends_a_hung_attempt_without_a_key() {
 #[tokio::test]
 async fn a_deadline_of_duration_max_does_not_panic() {
     let server = Recorder::start([]).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .deadline(Duration::MAX)
         .build();
     let response = post_charge(&client, &server).await.expect("200");
@@ -809,7 +809,7 @@ async fn an_absurd_retry_after_without_a_cap_stops_at_the_deadline() {
         Reply::ok(),
     ])
     .await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(3))
         .retry_after_cap(Duration::MAX)
         .deadline(Duration::from_secs(60))
@@ -898,7 +898,7 @@ async fn raw_server_counted(
 async fn the_default_client_never_hangs_on_a_hung_server() {
     use idemkey::client::{DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_DEADLINE};
     let (url, heads) = raw_server_counted(b"", true).await;
-    let client = ClientBuilder::new(reqwest::Client::new()).build();
+    let client = IdempotentClientBuilder::new(reqwest::Client::new()).build();
     let started = tokio::time::Instant::now();
     let err = client
         .post(url)
@@ -925,7 +925,7 @@ async fn the_default_client_never_hangs_on_a_hung_server() {
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_attempt_is_retried_with_the_same_key() {
     let (url, heads) = raw_server_counted(b"", true).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(fast(2))
         .attempt_timeout(Duration::from_secs(10))
         .deadline(Duration::MAX)
@@ -1029,7 +1029,7 @@ async fn a_problem_body_cut_short_is_an_error_not_an_empty_body() {
 #[tokio::test(start_paused = true)]
 async fn deadline_covers_a_stalled_problem_body() {
     let url = truncated_problem_server(true).await;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .deadline(Duration::from_secs(30))
         .build();
     let sent = client.post(url).json(&charge()).send();

@@ -117,7 +117,7 @@ async fn locked_is_in_progress_with_its_retry_after() {
 
     let server = Recorder::start(std::iter::repeat_n(locked(), 5)).await;
     let err = ours(post(&client(2), &server).await.expect_err("423 every time"));
-    assert!(err.is_conflict(), "{err}");
+    assert!(err.is_in_progress(), "{err}");
     assert_eq!(err.status().map(|s| s.as_u16()), Some(423));
     assert_eq!(err.attempts(), 3);
 }

@@ -178,7 +178,7 @@ async fn adyen_704_not_transient_is_a_conflict_at_once() {
             .await
             .expect_err("409"),
     );
-    assert!(err.is_conflict(), "{err}");
+    assert!(err.is_in_progress(), "{err}");
     assert_eq!(err.attempts(), 1);
 }
 
@@ -387,7 +387,7 @@ async fn gocardless_creation_conflict_is_already_executed() {
             .await
             .expect_err("409"),
     );
-    assert!(err.is_conflict(), "{err}");
+    assert!(err.is_in_progress(), "{err}");
     assert_eq!(err.attempts(), 4);
 }
 

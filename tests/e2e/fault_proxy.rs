@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::routing::post;
-use idemkey::client::{ClientBuilder, ResponseExt};
+use idemkey::client::{IdempotentClientBuilder, ResponseExt};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use idemkey::testing::{Executions, Fault, FaultProxy, FaultRates, TestServer};
@@ -29,7 +29,7 @@ fn client() -> reqwest_middleware::ClientWithMiddleware {
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
         .build_with_max_retries(8);
-    ClientBuilder::new(reqwest::Client::new())
+    IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(policy)
         .build()
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use idemkey::IdempotencyKey;
-use idemkey::client::{ClientBuilder, Error, RequestBuilderExt, ResponseExt};
+use idemkey::client::{Error, IdempotentClientBuilder, RequestBuilderExt, ResponseExt};
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use idemkey::testing::{Executions, Fault, FaultInjector, TestServer};
@@ -25,7 +25,7 @@ async fn charge_app() -> (ChargeApp, TestServer) {
 }
 
 fn client(faults: &FaultInjector) -> reqwest_middleware::ClientWithMiddleware {
-    ClientBuilder::new(reqwest::Client::new())
+    IdempotentClientBuilder::new(reqwest::Client::new())
         .with_inner(faults.clone())
         .build()
 }
@@ -151,7 +151,7 @@ async fn a_duplicate_in_flight_gets_409_retries_and_receives_the_replay() {
     let conflicts = Arc::new(Semaphore::new(0));
     // The duplicate stands for another process: within one client, single flight would
     // have it share the first call's flight and never meet the server's 409.
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .single_flight(false)
         .with_inner(ConflictSeen(conflicts.clone()))
         .build();
@@ -225,7 +225,7 @@ async fn a_reused_key_surfaces_as_the_typed_error_after_one_attempt() {
 async fn a_failing_handler_releases_the_key_and_nothing_is_charged() {
     let (app, server) = charge_app().await;
     let faults = FaultInjector::new(|_| Fault::None);
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .with_inner(faults.clone())
         .max_retries(2)
         .build();

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use http::{HeaderValue, header};
-use idemkey::client::ClientBuilder;
+use idemkey::client::IdempotentClientBuilder;
 use idemkey::client::outbox::{
     Operation, Outbox, OutboxError, PostgresJournal, Resumed, SqliteJournal,
 };
@@ -173,7 +173,7 @@ fn client() -> ClientWithMiddleware {
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(20), Duration::from_secs(1))
         .build_with_max_retries(5);
-    ClientBuilder::new(reqwest::Client::new())
+    IdempotentClientBuilder::new(reqwest::Client::new())
         .retry_policy(policy)
         .without_retry_budget()
         .build()

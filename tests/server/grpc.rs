@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use http::uri::PathAndQuery;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use idemkey::server::{Engine, IdempotencyLayer, RequestBody};
+use idemkey::server::{Engine, IdempotencyLayer, body::RequestBody};
 use idemkey::store::{MemoryStore, Store};
 use idemkey::testing::Executions;
 use support::gate::Gate;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use idemkey::server::{Engine, IdempotencyLayer, RequestBody};
+use idemkey::server::{Engine, IdempotencyLayer, body::RequestBody};
 use idemkey::store::MemoryStore;
 use idemkey::testing::Executions;
 use support::gate::Gate;

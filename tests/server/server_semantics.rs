@@ -14,7 +14,9 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use bytes::Bytes;
 use idemkey::fingerprint::Fingerprinter;
-use idemkey::server::{Engine, EngineBuilder, IdempotencyLayer, KeyRequirement, OutcomePolicy};
+use idemkey::server::{
+    Engine, EngineBuilder, IdempotencyLayer, policy::KeyRequirement, policy::OutcomePolicy,
+};
 use idemkey::store::{ClaimRequest, FencingToken, MemoryStore, RecordId, Store};
 use idemkey::testing::{Executions, TestServer};
 use support::gate::Gate;
@@ -607,7 +609,7 @@ async fn response_too_large_to_store_is_sent_once_then_410_without_a_second_exec
 #[tokio::test]
 async fn scopes_are_isolated() {
     let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new())).scope(
-        idemkey::server::HeaderScope::new(http::header::AUTHORIZATION),
+        idemkey::server::extract::HeaderScope::new(http::header::AUTHORIZATION),
     );
     let (server, ctx) = start(layer).await;
     let client = http();
@@ -816,7 +818,7 @@ async fn five_hundred_concurrent_duplicates_across_four_verifiers_execute_once()
 async fn a_required_scope_rejects_requests_without_it_and_optional_keys_still_guard() {
     let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
         .require(KeyRequirement::Optional)
-        .scope(idemkey::server::HeaderScope::new(http::header::AUTHORIZATION).required());
+        .scope(idemkey::server::extract::HeaderScope::new(http::header::AUTHORIZATION).required());
     let (server, ctx) = start(layer).await;
     let client = http();
     let url = server.url("/echo");
@@ -846,7 +848,7 @@ async fn a_required_scope_rejects_requests_without_it_and_optional_keys_still_gu
 #[tokio::test]
 async fn empty_and_repeated_headers_are_malformed_and_opaque_scopes_are_scopes() {
     let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new())).scope(
-        idemkey::server::HeaderScope::new(http::header::AUTHORIZATION),
+        idemkey::server::extract::HeaderScope::new(http::header::AUTHORIZATION),
     );
     let (server, ctx) = start(layer).await;
     let client = http();

@@ -12,7 +12,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body_util::{BodyExt, Full, StreamBody};
-use idemkey::server::{Engine, IdempotencyLayer, RequestBody};
+use idemkey::server::{Engine, IdempotencyLayer, body::RequestBody};
 use idemkey::store::{MemoryStore, RecordState};
 use idemkey::testing::Executions;
 use support::verifier::http;

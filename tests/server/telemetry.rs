@@ -123,7 +123,7 @@ async fn a_mismatch_and_a_rejection_are_counted() {
 
     let m = metrics.snapshot();
     assert_eq!(m.counter(REQUESTS, &[("decision", "fresh")]), 1);
-    assert_eq!(m.counter(REQUESTS, &[("decision", "mismatch")]), 1);
+    assert_eq!(m.counter(REQUESTS, &[("decision", "key_reused")]), 1);
     assert_eq!(m.counter(REQUESTS, &[("decision", "rejected")]), 1);
     assert_eq!(app.executions().count(), 1);
     let decisions: Vec<_> = spans
@@ -298,7 +298,7 @@ async fn force_release_of_a_stuck_key_lets_the_next_request_run_and_fences_the_o
             .len(),
         1
     );
-    assert_eq!(m.counter(REQUESTS, &[("decision", "mismatch")]), 1);
+    assert_eq!(m.counter(REQUESTS, &[("decision", "key_reused")]), 1);
     assert_eq!(m.counter(REQUESTS, &[("decision", "fresh")]), 2);
     assert_eq!(m.counter(REQUESTS, &[("decision", "replay")]), 1);
 }

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemkey::server::{Engine, IdempotencyLayer, InProgressPolicy};
+use idemkey::server::{Engine, IdempotencyLayer, policy::InProgressPolicy};
 use idemkey::store::{ClaimRequest, FencingToken, RecordId, Store};
 use idemkey::testing::TestServer;
 use support::apps::{self, ChargeApp};

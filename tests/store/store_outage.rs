@@ -182,7 +182,7 @@ impl reqwest_middleware::Middleware for Count503 {
 /// the store is back every operation is charged exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
-    use idemkey::client::{ClientBuilder, ResponseExt};
+    use idemkey::client::{IdempotentClientBuilder, ResponseExt};
 
     let mut server = support::RedisServer::start_durable();
     let store = redis_store(&server.url()).await;
@@ -192,7 +192,7 @@ async fn the_client_stack_rides_out_a_store_outage_and_charges_exactly_once() {
         apps::spawn_app(store, &app).await,
     ];
     let refusals = Count503::default();
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
         .max_retries(30)
         .retry_after_cap(Duration::from_secs(1))
         .deadline(Duration::from_secs(60))

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idemkey::client::{ClientBuilder, Error};
+use idemkey::client::{Error, IdempotentClientBuilder};
 use retry_policies::policies::ExponentialBackoff;
 
 /// Backoff of a few milliseconds, so that real waits stay tiny.
@@ -14,8 +14,8 @@ pub(crate) fn fast(retries: u32) -> ExponentialBackoff {
 }
 
 /// The default stack with [`fast`] backoff and `retries` retries.
-pub(crate) fn builder(retries: u32) -> ClientBuilder {
-    ClientBuilder::new(reqwest::Client::new()).retry_policy(fast(retries))
+pub(crate) fn builder(retries: u32) -> IdempotentClientBuilder {
+    IdempotentClientBuilder::new(reqwest::Client::new()).retry_policy(fast(retries))
 }
 
 /// idemkey's error, taken out of `err` (panics when it holds none).

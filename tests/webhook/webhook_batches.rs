@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemkey::server::webhook::{BatchDeduper, KeySource};
+use idemkey::server::extract::KeySource;
+use idemkey::server::webhook::BatchDeduper;
 use idemkey::store::{MemoryStore, RecordId, Store};
 use support::gate::Gate;
 

@@ -644,7 +644,7 @@ async fn a_repeated_id_header_is_invalid_key_for_every_header_preset() {
 /// event, and is processed, for every preset that reads its id from the body.
 #[tokio::test]
 async fn a_hashed_body_id_never_collides_with_a_literal_one() {
-    use idemkey::server::ExtractKey;
+    use idemkey::server::extract::ExtractKey;
     use sha2::{Digest, Sha256};
     // Every preset that reads its id from the body, with the JSON path of its id.
     let body_presets = [

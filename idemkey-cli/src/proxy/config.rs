@@ -30,7 +30,7 @@ use http::{HeaderName, Method, StatusCode};
 use serde::Deserialize;
 
 use idemkey::fingerprint::Fingerprinter;
-use idemkey::server::KeyRequirement;
+use idemkey::server::policy::KeyRequirement;
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]

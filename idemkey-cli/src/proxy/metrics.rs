@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, header};
-use idemkey::server::ResponseBody;
+use idemkey::server::body::ResponseBody;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// How often histograms are drained in the background (the exporter leaves it to us).

@@ -27,7 +27,8 @@ use tokio::net::TcpListener;
 use tower_service::Service;
 
 use idemkey::server::{
-    Engine, HeaderScope, Idempotency, IdempotencyLayer, KeyRequirement, RequestBody, ResponseBody,
+    Engine, Idempotency, IdempotencyLayer, body::RequestBody, body::ResponseBody,
+    extract::HeaderScope, policy::KeyRequirement,
 };
 use idemkey::testing::{Fault, FaultPlan, FaultRates};
 
@@ -59,7 +60,7 @@ pub(crate) struct ProxyArgs {
     /// dynamodb://TABLE (each needs its idemkey feature).
     #[arg(long, default_value = "memory")]
     store: String,
-    /// The routes file (TOML): see the README's "idemkey for any language".
+    /// The routes file (TOML): its format is in idemkey-cli's README.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Inject faults between clients and the proxy: `lose=RATE` (the request runs, its
@@ -200,7 +201,7 @@ fn problem_bytes(status: StatusCode, title: &str, detail: &str) -> Response<Byte
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
+        HeaderValue::from_static(idemkey::protocol::problem::PROBLEM_JSON),
     );
     response
 }
@@ -304,7 +305,7 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), String> {
             Verified {
                 body_limit: route
                     .body_limit
-                    .unwrap_or(idemkey::server::DEFAULT_BODY_LIMIT),
+                    .unwrap_or(idemkey::server::IdempotencyLayer::DEFAULT_BODY_LIMIT),
                 service: tower_layer::Layer::layer(&layer, upstream.clone()),
                 route,
             }

@@ -36,7 +36,7 @@
 //! and "charge to send" commit together.
 //!
 //! ```
-//! use idemkey::client::ClientBuilder;
+//! use idemkey::client::IdempotentClientBuilder;
 //! use idemkey::client::outbox::{MemoryJournal, Outbox, OutboxExt};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,7 +44,7 @@
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let base = format!("http://{}", listener.local_addr()?);
 //! # tokio::spawn(async move { axum::serve(listener, app).await });
-//! let client = ClientBuilder::new(reqwest::Client::new()).build();
+//! let client = IdempotentClientBuilder::new(reqwest::Client::new()).build();
 //! let outbox = Outbox::new(MemoryJournal::new());
 //!
 //! let outcome = client
@@ -64,6 +64,8 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+#![doc = include_str!("guide.md")]
 
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]

@@ -75,10 +75,10 @@ impl Outbox {
     /// sent.
     ///
     /// ```
-    /// use idemkey::client::ClientBuilder;
+    /// use idemkey::client::IdempotentClientBuilder;
     /// use idemkey::client::outbox::{MemoryJournal, Outbox, OutboxExt};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let client = ClientBuilder::new(reqwest::Client::new()).without_retry_budget().build();
+    /// let client = IdempotentClientBuilder::new(reqwest::Client::new()).without_retry_budget().build();
     /// let outbox = Outbox::new(MemoryJournal::new());
     /// // Nothing listens on port 9: the charge stays pending.
     /// let err = client.post("http://127.0.0.1:9/charges").body("{}")

@@ -18,7 +18,7 @@ use idemkey_core::protocol::{Problem, status};
 /// progress" or "already executed", which retry hints it sends, and how long it keeps
 /// keys.
 ///
-/// Give it to [`ClientBuilder::profile`](super::ClientBuilder::profile) (or
+/// Give it to [`IdempotentClientBuilder::profile`](super::IdempotentClientBuilder::profile) (or
 /// [`RetryMiddleware::profile`](super::RetryMiddleware::profile)). The default,
 /// [`VendorProfile::standard`], speaks the IETF draft and this crate's verifier. The
 /// vendor constructors ([`stripe`](Self::stripe), [`adyen`](Self::adyen),
@@ -29,12 +29,12 @@ use idemkey_core::protocol::{Problem, status};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkey::client::{AnswerMatch, ClientBuilder, VendorProfile};
+/// use idemkey::client::{AnswerMatch, IdempotentClientBuilder, VendorProfile};
 ///
 /// // A verifier that answers a reused key with 422 {"detail": "...already used..."}.
 /// let profile = VendorProfile::standard()
 ///     .with_key_reused(AnswerMatch::status(422).json_contains("/detail", "already used"));
-/// let client = ClientBuilder::new(reqwest::Client::new()).profile(profile).build();
+/// let client = IdempotentClientBuilder::new(reqwest::Client::new()).profile(profile).build();
 ///
 /// // The outbox's expiry reads the retention window.
 /// assert_eq!(VendorProfile::stripe().retention(), Duration::from_secs(24 * 3600));
@@ -290,7 +290,7 @@ impl VendorProfile {
 
     /// Answers matching `rule` mean "an earlier request with this key is still running":
     /// retried with the same key (honouring `Retry-After`), even when the status would
-    /// not be (Adyen's 422), and [`Error::is_conflict`](super::Error::is_conflict) when
+    /// not be (Adyen's 422), and [`Error::is_in_progress`](super::Error::is_in_progress) when
     /// they outlast the retries. A `false` retry hint still stops them.
     #[must_use]
     pub fn with_in_progress(mut self, rule: AnswerMatch) -> Self {

@@ -26,17 +26,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// which carries the key (a call without a key gets its last answer back).
 ///
 /// ```
-/// use idemkey::client::{ClientBuilder, RetryBudget};
+/// use idemkey::client::{IdempotentClientBuilder, RetryBudget};
 ///
 /// // The default: RetryBudget::standard(), one bucket per client.
 /// let budget = RetryBudget::standard();
 /// assert_eq!(budget.available(), 500);
 /// // Two clients sharing one bucket, with a bigger one.
 /// let shared = RetryBudget::new(2000).with_retry_cost(2);
-/// let a = ClientBuilder::default().retry_budget(shared.clone()).build();
-/// let b = ClientBuilder::default().retry_budget(shared).build();
+/// let a = IdempotentClientBuilder::default().retry_budget(shared.clone()).build();
+/// let b = IdempotentClientBuilder::default().retry_budget(shared).build();
 /// // No budget at all.
-/// let c = ClientBuilder::default().without_retry_budget().build();
+/// let c = IdempotentClientBuilder::default().without_retry_budget().build();
 /// # let _ = (a, b, c);
 /// ```
 #[derive(Debug, Clone)]

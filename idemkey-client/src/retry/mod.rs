@@ -66,7 +66,7 @@ use idemkey_core::protocol::{retry_after, status};
 /// by definition (GET, HEAD, OPTIONS, TRACE, PUT, DELETE). A POST or PATCH without a
 /// key is sent once: retrying it could execute it twice.
 ///
-/// [`ClientBuilder`](crate::ClientBuilder) assembles it; this type is public
+/// [`IdempotentClientBuilder`](crate::IdempotentClientBuilder) assembles it; this type is public
 /// for hand-made stacks.
 ///
 /// ```

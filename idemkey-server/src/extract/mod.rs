@@ -39,7 +39,7 @@ pub use source::{KeySource, ScopeSource};
 /// Finds the idempotency key of a request.
 ///
 /// ```
-/// use idemkey::server::{ExtractKey, HeaderKey, HeaderScope, Rejection};
+/// use idemkey::server::{extract::ExtractKey, extract::HeaderKey, extract::HeaderScope, Rejection};
 /// use idemkey::IdempotencyKey;
 /// use bytes::Bytes;
 ///

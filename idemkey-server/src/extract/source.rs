@@ -41,7 +41,7 @@ use idemkey_core::key::IdempotencyKey;
 /// with the values it read (up to SHA-256 collisions).
 ///
 /// ```
-/// use idemkey::server::webhook::KeySource;
+/// use idemkey::server::extract::KeySource;
 /// use http::{HeaderMap, HeaderName};
 ///
 /// let source = KeySource::header(HeaderName::from_static("webhook-id"))
@@ -71,7 +71,7 @@ pub struct KeySource(Field);
 /// [`KeySource`] (a string or a number; `null` and `""` are missing).
 ///
 /// ```
-/// use idemkey::server::webhook::ScopeSource;
+/// use idemkey::server::extract::ScopeSource;
 /// use http::HeaderMap;
 ///
 /// let scope = ScopeSource::json_pointer("/account").or(ScopeSource::constant("platform"));
@@ -128,7 +128,7 @@ impl KeySource {
     /// absent field count as missing.
     ///
     /// ```
-    /// use idemkey::server::webhook::KeySource;
+    /// use idemkey::server::extract::KeySource;
     /// let decision = KeySource::json_digest("/decision");
     /// let headers = http::HeaderMap::new();
     /// let a = decision.extract(&headers, br#"{"decision":{"status":"Approved","score":1}}"#)?;
@@ -160,7 +160,7 @@ impl KeySource {
     /// `("ab", "c")` and `("a", "bc")` differ.
     ///
     /// ```
-    /// use idemkey::server::webhook::KeySource;
+    /// use idemkey::server::extract::KeySource;
     /// let source = KeySource::composite([
     ///     KeySource::json_pointer("/eventCode"),
     ///     KeySource::json_pointer("/pspReference"),

@@ -17,11 +17,6 @@ use idemkey_core::protocol::problem::KEY_REUSED_STRIPE_STATUS;
 use idemkey_core::protocol::status::is_safe;
 use idemkey_core::protocol::{Problem, ReplayHeader};
 
-/// Default limit of a buffered request body: 2 MiB, like axum's.
-pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
-/// Default limit of a stored response body: 1 MiB.
-pub const DEFAULT_STORED_RESPONSE_LIMIT: usize = 1024 * 1024;
-
 /// Applies the verifier to a service: every keyed request runs at most once; retries get
 /// the stored response.
 ///
@@ -89,14 +84,14 @@ pub const DEFAULT_STORED_RESPONSE_LIMIT: usize = 1024 * 1024;
 /// longer too), or let duplicates wait for the first answer. Before a process exits,
 /// [`Engine::wait_for_recordings`] lets the background recordings end.
 ///
-/// The inner service receives [`RequestBody`](crate::RequestBody) (the buffered
+/// The inner service receives [`RequestBody`](crate::body::RequestBody) (the buffered
 /// bytes, or the untouched body where the layer stepped aside) and the caller receives
-/// [`ResponseBody`](crate::ResponseBody). Both implement `http_body::Body`, so
+/// [`ResponseBody`](crate::body::ResponseBody). Both implement `http_body::Body`, so
 /// the layer fits axum and plain hyper/tower alike.
 ///
 /// ```
 /// use axum::{Router, routing::post};
-/// use idemkey::server::{Engine, IdempotencyLayer, HeaderScope};
+/// use idemkey::server::{Engine, IdempotencyLayer, extract::HeaderScope};
 /// use idemkey::store::MemoryStore;
 ///
 /// let verifier = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
@@ -109,6 +104,14 @@ pub const DEFAULT_STORED_RESPONSE_LIMIT: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     cfg: Arc<Config>,
+}
+
+/// The defaults of the layer's limits.
+impl IdempotencyLayer {
+    /// Default limit of a buffered request body: 2 MiB, like axum's.
+    pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+    /// Default limit of a stored response body: 1 MiB.
+    pub const DEFAULT_STORED_RESPONSE_LIMIT: usize = 1024 * 1024;
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
@@ -142,9 +145,9 @@ impl IdempotencyLayer {
                 fingerprinter: Fingerprinter::new(),
                 policy: OutcomePolicy::default(),
                 in_progress: InProgressPolicy::default(),
-                body_limit: DEFAULT_BODY_LIMIT,
+                body_limit: IdempotencyLayer::DEFAULT_BODY_LIMIT,
                 body_read_timeout: None,
-                stored_response_limit: DEFAULT_STORED_RESPONSE_LIMIT,
+                stored_response_limit: IdempotencyLayer::DEFAULT_STORED_RESPONSE_LIMIT,
                 deny: vec![header::SET_COOKIE],
                 key_reused_status: Problem::KeyReused.default_status(),
                 replay_header: ReplayHeader::default(),
@@ -164,7 +167,7 @@ impl IdempotencyLayer {
     }
 
     /// The key from header `name`: a [`KeyHeader`](idemkey_core::protocol::KeyHeader) (the
-    /// vendor variants, as the client's `ClientBuilder::key_header` takes them) or any
+    /// vendor variants, as the client's `IdempotentClientBuilder::key_header` takes them) or any
     /// [`HeaderName`]. Short for `.key(HeaderKey::new(name))`.
     ///
     /// ```
@@ -202,7 +205,7 @@ impl IdempotencyLayer {
     /// Decide the requirement per request (by path, method, header).
     ///
     /// ```
-    /// use idemkey::server::{Engine, IdempotencyLayer, KeyRequirement};
+    /// use idemkey::server::{Engine, IdempotencyLayer, policy::KeyRequirement};
     /// use idemkey::store::MemoryStore;
     /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
     ///     .requirement_by(|parts| match parts.uri.path() {

@@ -16,5 +16,5 @@ mod tee;
 
 pub use self::config::KeyRequirement;
 pub use self::future::ResponseFuture;
-pub use self::layer::{DEFAULT_BODY_LIMIT, DEFAULT_STORED_RESPONSE_LIMIT, IdempotencyLayer};
+pub use self::layer::IdempotencyLayer;
 pub use self::service::Idempotency;

@@ -21,7 +21,7 @@ use crate::body::{self, BoxError, ReadError, RequestBody, ResponseBody};
 use crate::engine::Claimed;
 use crate::execution::Execution;
 use crate::grpc;
-use crate::policy::{InProgressPolicy, Outcome};
+use crate::policy::{Disposition, InProgressPolicy};
 use crate::rejection::Rejection;
 use crate::stored_response;
 use crate::telemetry::{self, Decision};
@@ -33,7 +33,7 @@ use crate::telemetry::{self, Decision};
 /// use idemkey::store::MemoryStore;
 /// use tower::{Layer, service_fn};
 ///
-/// let inner = service_fn(|_: http::Request<idemkey::server::RequestBody<String>>| async {
+/// let inner = service_fn(|_: http::Request<idemkey::server::body::RequestBody<String>>| async {
 ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("charged")))
 /// });
 /// let mut verified = IdempotencyLayer::new(Engine::new(MemoryStore::new())).layer(inner);
@@ -330,7 +330,7 @@ where
         // A gRPC answer is judged by its `grpc-status` once its body ended; its HTTP status
         // is always 200.
         let grpc = grpc_call && grpc::is_grpc(&parts.headers);
-        if !grpc && cfg.policy.decide(parts.status) == Outcome::Release {
+        if !grpc && cfg.policy.decide(parts.status) == Disposition::Release {
             tee::release(exec).await;
             return Ok(Response::from_parts(parts, ResponseBody::wrap(body)));
         }

@@ -29,7 +29,7 @@ use super::config::Config;
 use crate::body::{self, BoxError};
 use crate::execution::{Completion, Execution, RenewGuard};
 use crate::grpc;
-use crate::policy::Outcome;
+use crate::policy::Disposition;
 use crate::store::StoreError;
 use crate::stored_response;
 use idemkey_core::protocol::Problem;
@@ -206,7 +206,7 @@ impl Inner {
         } else {
             self.status
         };
-        if self.cfg.policy.decide(judged) == Outcome::Release {
+        if self.cfg.policy.decide(judged) == Disposition::Release {
             return Some(Settle::Release(exec));
         }
         let record = if self.over {

@@ -43,6 +43,8 @@
 //! (feature `postgres`, shared and durable); `MySqlStore` (feature `mysql`, shared and
 //! durable, MySQL or MariaDB); `DynamoStore` (feature `dynamodb`, shared, on Amazon
 //! DynamoDB). [`open`] picks one by connection string.
+//!
+#![doc = include_str!("guide.md")]
 
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
@@ -404,7 +406,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// A [`Watch`] of `id`: what a duplicate that waits for a running request's outcome
-    /// (the layer's [`InProgressPolicy::Wait`](crate::InProgressPolicy::Wait),
+    /// (the layer's [`InProgressPolicy::Wait`](crate::policy::InProgressPolicy::Wait),
     /// [`Engine::claim_or_wait`](crate::Engine::claim_or_wait)) waits on
     /// between two looks at the record. Made before the look, so that a settling in
     /// between is not missed.
@@ -639,7 +641,14 @@ impl StoreError {
         matches!(self.kind, StoreErrorKind::Fenced)
     }
 
-    /// `true` when the store could not be reached or failed (the verifier answers 503).
+    /// `true` when the store could not be reached or failed (the verifier answers
+    /// `503 store-unavailable`).
+    ///
+    /// One fact, named after its receiver: on a store's own error the store is implied
+    /// (`is_unavailable`, as on [`OpenError::is_unavailable`](crate::store::OpenError::is_unavailable));
+    /// the errors of the verifier's ways in, whose failures have other causes too, say
+    /// whose it is: [`OnceError::is_store_unavailable`](crate::OnceError::is_store_unavailable),
+    /// [`BatchError::is_store_unavailable`](crate::webhook::BatchError::is_store_unavailable).
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Unavailable(_))

@@ -321,7 +321,7 @@ impl PostgresStoreBuilder {
     /// Notify waiting duplicates (default off): complete and release `NOTIFY` the
     /// channel `idemkey_settled`, and [`Store::watch`] `LISTEN`s on it (one connection
     /// per store, opened at the first watch), so that a duplicate that waits for a
-    /// running request ([`InProgressPolicy::Wait`](crate::InProgressPolicy::Wait))
+    /// running request ([`InProgressPolicy::Wait`](crate::policy::InProgressPolicy::Wait))
     /// is answered as soon as the outcome commits instead of at its next poll.
     ///
     /// Off by default because a `NOTIFY` takes a database-wide lock at commit, which

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use super::preset::{DEFAULT_WEBHOOK_RETENTION, Retention};
 use super::signature::{SignatureError, VerifySignature};
 use crate::body::ResponseBody;
-use crate::engine::{ClaimError, Claimed, DEFAULT_UNAVAILABLE_RETRY_AFTER, Engine};
+use crate::engine::{ClaimError, Claimed, Engine};
 use crate::extract::KeySource;
 use crate::fingerprint::Fingerprint;
 use crate::json_pointer::{self as pointer, Pointer};
@@ -593,9 +593,14 @@ impl<E> BatchError<E> {
         }
     }
 
-    /// `true` when the store failed.
+    /// `true` when the store failed or could not be reached: nothing of the batch was
+    /// recorded past what the error's items say; the delivery gets
+    /// `503 store-unavailable` and the sender's redelivery runs what is left. The same
+    /// fact is [`OnceError::is_store_unavailable`](crate::OnceError::is_store_unavailable)
+    /// on the function API and [`StoreError::is_unavailable`](crate::store::StoreError::is_unavailable)
+    /// on a store's own error.
     #[must_use]
-    pub fn is_store(&self) -> bool {
+    pub fn is_store_unavailable(&self) -> bool {
         matches!(self.kind, ErrorKind::Claim(_) | ErrorKind::Store(_))
     }
 
@@ -654,7 +659,9 @@ impl<E: fmt::Display> BatchError<E> {
             ErrorKind::InvalidItem { source, .. } => source,
             ErrorKind::Signature { .. } => Rejection::signature_rejected(detail),
             ErrorKind::Claim(e) => Rejection::store_unavailable(e.retry_after()),
-            ErrorKind::Store(_) => Rejection::store_unavailable(DEFAULT_UNAVAILABLE_RETRY_AFTER),
+            ErrorKind::Store(_) => {
+                Rejection::store_unavailable(Engine::DEFAULT_UNAVAILABLE_RETRY_AFTER)
+            }
             ErrorKind::Handler { .. } => {
                 let mut resp = http::Response::new(ResponseBody::full(Bytes::from(detail)));
                 *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;

@@ -5,11 +5,11 @@
 //! must not ship an order twice needs the verifier keyed by the provider's **event id**
 //! instead of an `Idempotency-Key` header. This module says where that id is:
 //!
-//! - [`KeySource`]: where a delivery's id comes from: a header, a JSON field of the body
+//! - [`KeySource`](crate::extract::KeySource): where a delivery's id comes from: a header, a JSON field of the body
 //!   (a JSON pointer, read without parsing the whole body into a tree), ordered
-//!   fallbacks ([`KeySource::or`]), or several fields hashed into one key
-//!   ([`KeySource::composite`]).
-//! - [`ScopeSource`]: the tenant a delivery belongs to (a header, a JSON field, a
+//!   fallbacks ([`KeySource::or`](crate::extract::KeySource::or)), or several fields hashed into one key
+//!   ([`KeySource::composite`](crate::extract::KeySource::composite)).
+//! - [`ScopeSource`](crate::extract::ScopeSource): the tenant a delivery belongs to (a header, a JSON field, a
 //!   constant), so that two tenants' ids never collide.
 //! - [`Preset`]: both, plus the retention and its floor, for each sender: Standard
 //!   Webhooks, Svix, Stripe, GitHub, Shopify, Slack, GitLab, Paddle, Square, PayPal,
@@ -61,6 +61,8 @@
 //!
 #![doc = include_str!("deliveries.md")]
 //!
+#![doc = include_str!("presets.md")]
+//!
 //! # Retention
 //!
 //! Webhook records are kept [`DEFAULT_WEBHOOK_RETENTION`] (7 days) by default, longer
@@ -71,8 +73,6 @@ mod batch;
 mod preset;
 mod signature;
 
-#[doc(no_inline)]
-pub use crate::extract::{KeySource, ScopeSource};
 pub use batch::{BatchDeduper, BatchError, BatchItem, BatchOutcome, DEFAULT_ITEM_LEASE};
 pub use preset::{DEFAULT_WEBHOOK_RETENTION, DeliveryId, Preset};
 pub use signature::{

@@ -29,7 +29,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use idemkey::IdempotencyKey;
-use idemkey::client::ClientBuilder;
+use idemkey::client::IdempotentClientBuilder;
 use idemkey::protocol::headers;
 
 const BODY: &str = r#"{"amount":1000,"currency":"eur"}"#;
@@ -116,7 +116,7 @@ async fn run(kind: &str, url: &str, n: u32) -> Result<(), String> {
             idemkey::client::default_policy(),
         ))
         .build();
-    let stack = ClientBuilder::new(reqwest::Client::new()).build();
+    let stack = IdempotentClientBuilder::new(reqwest::Client::new()).build();
     let required = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(Required)
         .build();
