@@ -107,7 +107,7 @@ async fn a_replay_is_counted_and_its_span_names_the_record_never_the_key() {
 }
 
 #[tokio::test]
-async fn a_mismatch_and_a_rejection_are_counted() {
+async fn a_reused_key_and_a_rejection_are_counted() {
     let (spans, _spans) = capture_spans();
     let metrics = Metrics::capture();
     let app = ChargeApp::new();
@@ -140,7 +140,7 @@ async fn a_mismatch_and_a_rejection_are_counted() {
         decisions,
         [
             ("fresh".into(), "200".into()),
-            ("mismatch".into(), "422".into()),
+            ("key_reused".into(), "422".into()),
             ("rejected".into(), "400".into())
         ]
     );
