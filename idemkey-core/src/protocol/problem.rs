@@ -39,6 +39,8 @@ macro_rules! problems {
         /// | `key-reused` | 422 (400 in Stripe-compatible mode) | no |
         /// | `in-progress` | 409 + `Retry-After` | no |
         /// | `store-unavailable` | 503 + `Retry-After` | no |
+        /// | `store-full` | 503 + `Retry-After` | no (the store refused a new record: its bound is reached) |
+        /// | `quota-exceeded` | 429 + `Retry-After` | no (the scope's quota of new keys is spent; nothing was recorded) |
         /// | `record-unreadable` | 500 | no (it ran before; its record cannot be read) |
         /// | `response-not-stored` | 410 | no (it ran once before; its response was too large to keep) |
         /// | `scope-rejected` | chosen by the scope extractor (401 by default) | no |
@@ -113,6 +115,14 @@ problems! {
     InProgress = "in-progress", CONFLICT, "A request with this idempotency key is in progress";
     /// The store cannot be reached; nothing was executed.
     StoreUnavailable = "store-unavailable", SERVICE_UNAVAILABLE, "Idempotency store unavailable";
+    /// The store is at its bound (a record count or byte budget) and refused a new
+    /// record; nothing was executed and nothing was evicted. Replays of existing records
+    /// still work; the request can be sent again with the same key after `Retry-After`.
+    StoreFull = "store-full", SERVICE_UNAVAILABLE, "Idempotency store full";
+    /// The scope (tenant, API key, webhook sender) has spent its quota of new keys (or
+    /// of claims in progress); nothing was recorded, so the same key sent again after
+    /// `Retry-After` is processed normally. Never the stored answer of a key.
+    QuotaExceeded = "quota-exceeded", TOO_MANY_REQUESTS, "Quota of new idempotency keys exceeded";
     /// A completed record exists but cannot be decoded.
     RecordUnreadable = "record-unreadable", INTERNAL_SERVER_ERROR, "Stored idempotency record unreadable";
     /// The request was executed, but its response was too large to keep.
@@ -162,7 +172,8 @@ mod grpc_code {
 impl Problem {
     /// The gRPC status code (`google.rpc.Code`) this problem is given as to a gRPC
     /// call: `in-progress` is `ABORTED` (10), `key-reused` `ALREADY_EXISTS` (6),
-    /// `store-unavailable` `UNAVAILABLE` (14); the verifier's `Rejection::grpc_code`
+    /// `store-unavailable` `UNAVAILABLE` (14), `store-full` and `quota-exceeded`
+    /// `RESOURCE_EXHAUSTED` (8); the verifier's `Rejection::grpc_code`
     /// documents every case.
     ///
     /// ```
@@ -184,7 +195,11 @@ impl Problem {
             Problem::RecordNotFound => NOT_FOUND,
             Problem::OperationUnsupported => UNIMPLEMENTED,
             Problem::StoreUnavailable => UNAVAILABLE,
-            Problem::BodyTooLarge => RESOURCE_EXHAUSTED,
+            // gRPC's code for "a per-user quota, or the entire file system is out of
+            // space" (google.rpc.Code): both bounds.
+            Problem::BodyTooLarge | Problem::StoreFull | Problem::QuotaExceeded => {
+                RESOURCE_EXHAUSTED
+            }
             Problem::BodyTimeout => DEADLINE_EXCEEDED,
             Problem::ResponseNotStored => FAILED_PRECONDITION,
             Problem::ScopeRejected | Problem::SignatureRejected => UNAUTHENTICATED,
