@@ -57,6 +57,24 @@ pub(crate) enum Kind {
         status: StatusCode,
     },
     #[error(
+        "the server's idempotency store was full after the last attempt with idempotency key \
+         {key} (HTTP {status}, problem store-full): nothing executed; retry later with the same \
+         key, once its operator has made room or records have expired"
+    )]
+    StoreFull {
+        key: IdempotencyKey,
+        status: StatusCode,
+    },
+    #[error(
+        "the server refused a new idempotency key over this client's quota after the last \
+         attempt with key {key} (HTTP {status}, problem quota-exceeded): nothing executed; send \
+         fewer new keys per second, and retry later with the same key"
+    )]
+    QuotaExceeded {
+        key: IdempotencyKey,
+        status: StatusCode,
+    },
+    #[error(
         "the server says a request with idempotency key {key} was executed before (HTTP \
          {status}) and does not replay its answer; the response body names what it did"
     )]
@@ -147,6 +165,22 @@ impl Error {
         matches!(self.0.kind, Kind::InProgress { .. })
     }
 
+    /// The server's idempotency store was full (a problem `store-full`, 503) when the
+    /// retries ran out: the server refused to record a new key and nothing executed.
+    /// Retry later with [`Error::key`].
+    #[must_use]
+    pub fn is_store_full(&self) -> bool {
+        matches!(self.0.kind, Kind::StoreFull { .. })
+    }
+
+    /// The server refused the new key over this client's quota of new keys (a problem
+    /// `quota-exceeded`, 429) when the retries ran out: nothing was recorded or
+    /// executed. Send fewer new keys per second, and retry later with [`Error::key`].
+    #[must_use]
+    pub fn is_quota_exceeded(&self) -> bool {
+        matches!(self.0.kind, Kind::QuotaExceeded { .. })
+    }
+
     /// The server says a request with this key was executed before and answers with
     /// that fact instead of a replay (GoCardless's 409 `idempotent_creation_conflict`,
     /// see [`VendorProfile::gocardless`](super::VendorProfile::gocardless)). Not
@@ -165,7 +199,8 @@ impl Error {
         matches!(self.0.kind, Kind::RetryBudgetExhausted { .. })
     }
 
-    /// No final answer came: transport errors, timeouts, 5xx, 408 or 429 outlasted the
+    /// No final answer came: transport errors, timeouts, 5xx, 408 or 429 (other than the
+    /// verifier's `store-full` and `quota-exceeded`, which say nothing ran) outlasted the
     /// retries or the deadline, and at least one attempt may have reached the server.
     /// The server may have executed the request; retry later with [`Error::key`] to learn
     /// the outcome without executing it twice. (When no attempt sent anything, the error
@@ -217,6 +252,8 @@ impl Error {
         match &self.0.kind {
             Kind::KeyReused { key, .. }
             | Kind::InProgress { key, .. }
+            | Kind::StoreFull { key, .. }
+            | Kind::QuotaExceeded { key, .. }
             | Kind::AlreadyExecuted { key, .. }
             | Kind::OutcomeUnknown { key, .. }
             | Kind::NeverSent { key, .. }
@@ -232,15 +269,16 @@ impl Error {
         self.0.attempts
     }
 
-    /// A stable snake_case name of the kind: `key_reused`, `conflict`,
-    /// `already_executed`, `outcome_unknown`, `never_sent`, `retry_budget_exhausted`,
-    /// `invalid_key` or
-    /// `body_not_replayable`.
+    /// A stable snake_case name of the kind: `key_reused`, `in_progress`, `store_full`,
+    /// `quota_exceeded`, `already_executed`, `outcome_unknown`, `never_sent`,
+    /// `retry_budget_exhausted`, `invalid_key` or `body_not_replayable`.
     #[must_use]
     pub fn kind_str(&self) -> &'static str {
         match self.0.kind {
             Kind::KeyReused { .. } => "key_reused",
             Kind::InProgress { .. } => "in_progress",
+            Kind::StoreFull { .. } => "store_full",
+            Kind::QuotaExceeded { .. } => "quota_exceeded",
             Kind::AlreadyExecuted { .. } => "already_executed",
             Kind::OutcomeUnknown { .. } => "outcome_unknown",
             Kind::NeverSent { .. } => "never_sent",

@@ -114,6 +114,8 @@ pub(crate) fn finish(
                 Class::KeyReused => Kind::KeyReused { key, status },
                 Class::AlreadyExecuted => Kind::AlreadyExecuted { key, status },
                 Class::InProgress => Kind::InProgress { key, status },
+                Class::StoreFull => Kind::StoreFull { key, status },
+                Class::QuotaExceeded => Kind::QuotaExceeded { key, status },
                 Class::Other if status::is_transient(status) => Kind::OutcomeUnknown {
                     key,
                     cause: format!("the last of {attempts} attempt(s) was answered {status}"),

@@ -10,7 +10,7 @@
 //! use idemkey::store::MemoryStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! idemkey::testing::conformance::run(|| async { MemoryStore::new() }).await;
+//! idemkey::server::conformance::run(|| async { MemoryStore::new() }).await;
 //! # }
 //! ```
 //!

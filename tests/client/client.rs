@@ -277,6 +277,57 @@ async fn deadline_stops_the_retries() {
 }
 
 #[tokio::test]
+async fn store_full_and_quota_exceeded_are_retried_with_the_same_key() {
+    use idemkey::protocol::Problem;
+    let server = Recorder::start([
+        Reply::problem(503, Problem::StoreFull),
+        Reply::problem(429, Problem::QuotaExceeded),
+        Reply::ok(),
+    ])
+    .await;
+    let response = post_charge(&client(3), &server)
+        .await
+        .expect("the third attempt is answered");
+    let info = response.idempotency().expect("keyed");
+    assert_eq!(info.attempts(), 3);
+    assert_eq!(info.key().as_str(), single_key(&server));
+}
+
+#[tokio::test]
+async fn store_full_and_quota_exceeded_that_outlast_the_retries_have_their_own_kinds() {
+    use idemkey::protocol::Problem;
+    for (status, problem, kind) in [
+        (503, Problem::StoreFull, "store_full"),
+        (429, Problem::QuotaExceeded, "quota_exceeded"),
+    ] {
+        let server =
+            Recorder::start(std::iter::repeat_n(Reply::problem(status, problem), 10)).await;
+        let err = post_charge(&client(2), &server)
+            .await
+            .expect_err("refused on every attempt");
+        let err = ours(&err);
+        assert_eq!(err.kind_str(), kind, "{err}");
+        assert_eq!(err.is_store_full(), kind == "store_full");
+        assert_eq!(err.is_quota_exceeded(), kind == "quota_exceeded");
+        assert!(
+            !err.is_outcome_unknown(),
+            "nothing ran: the outcome is known"
+        );
+        assert_eq!(err.attempts(), 3);
+        assert_eq!(err.status().map(|s| s.as_u16()), Some(status));
+        assert_eq!(
+            err.key().map(|k| k.as_str().to_owned()),
+            Some(single_key(&server))
+        );
+    }
+    // A plain 503 (no problem document) is still an unknown outcome.
+    let server =
+        Recorder::start(std::iter::repeat_n(Reply::status(503).retry_after("0"), 10)).await;
+    let err = post_charge(&client(1), &server).await.expect_err("503");
+    assert!(ours(&err).is_outcome_unknown(), "{}", ours(&err));
+}
+
+#[tokio::test]
 async fn conflict_then_success_is_reported_as_replay() {
     let server = Recorder::start([Reply::in_progress(), Reply::ok().replayed()]).await;
     let response = post_charge(&client(3), &server)

@@ -79,6 +79,18 @@ impl Reply {
         r
     }
 
+    /// A problem document of idemkey's verifier, with `Retry-After: 0`.
+    pub(crate) fn problem(status: u16, problem: idemkey::protocol::Problem) -> Self {
+        let body = format!(
+            r#"{{"type":"{}","title":"{}"}}"#,
+            problem.type_uri(),
+            problem.title()
+        );
+        let mut r = Self::status(status).retry_after("0").body(&body);
+        r.headers[0].1 = "application/problem+json".into();
+        r
+    }
+
     fn into_response(self, key: Option<&str>) -> Response {
         let mut response = (self.status, self.body).into_response();
         for (name, value) in self.headers {

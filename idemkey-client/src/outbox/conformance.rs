@@ -1,5 +1,6 @@
 //! The outbox journal conformance suite: the [journal contract](crate::outbox::Journal)
-//! as executable checks (feature `outbox` with `test-util`).
+//! as executable checks (feature `conformance`; through the facade with `test-util`,
+//! `idemkey::testing::journal_conformance`).
 //!
 //! Every journal in this crate (memory, SQLite, PostgreSQL) runs this suite in CI. A
 //! third-party [`Journal`] runs it from its own tests with [`run`], giving a factory that
@@ -10,7 +11,7 @@
 //! use idemkey::client::outbox::MemoryJournal;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! idemkey::testing::journal_conformance::run(|| async { MemoryJournal::new() }).await;
+//! idemkey::client::outbox::conformance::run(|| async { MemoryJournal::new() }).await;
 //! # }
 //! ```
 //!

@@ -74,8 +74,15 @@ pub(crate) enum Class {
     /// A request with the key executed before (GoCardless's 409): never retried,
     /// `already_executed`.
     AlreadyExecuted,
-    /// An earlier request with the key is still running: retried, `conflict` at the end.
+    /// An earlier request with the key is still running: retried, `in_progress` at the
+    /// end.
     InProgress,
+    /// The verifier's store is full (`store-full`): nothing ran; retried, `store_full` at
+    /// the end.
+    StoreFull,
+    /// The scope's quota of new keys is spent (`quota-exceeded`): nothing ran; retried,
+    /// `quota_exceeded` at the end.
+    QuotaExceeded,
     /// None of the profile's rules: the retry strategy decides.
     Other,
 }
@@ -245,6 +252,23 @@ impl VendorProfile {
             retention_documented: false,
         }
         .with_in_progress(in_progress_statuses())
+        .with_refusals()
+    }
+
+    /// The verifier's refusals that say nothing ran and a later retry with the same key
+    /// may pass: `503 store-full` and `429 quota-exceeded` (problem documents, read
+    /// from the body of those statuses only). Any profile keeps them: an API behind
+    /// idemkey's verifier answers them whatever its dialect.
+    fn with_refusals(mut self) -> Self {
+        self.rules.push((
+            Class::StoreFull,
+            AnswerMatch::statuses([503]).problem(Problem::StoreFull),
+        ));
+        self.rules.push((
+            Class::QuotaExceeded,
+            AnswerMatch::statuses([429]).problem(Problem::QuotaExceeded),
+        ));
+        self.order_rules()
     }
 
     /// The key goes in this header (a [`KeyHeader`](idemkey_core::protocol::KeyHeader) or any
@@ -362,7 +386,9 @@ impl VendorProfile {
             Class::KeyReused => 0,
             Class::AlreadyExecuted => 1,
             Class::InProgress => 2,
-            Class::Other => 3,
+            Class::StoreFull => 3,
+            Class::QuotaExceeded => 4,
+            Class::Other => 5,
         };
         self.rules.sort_by_key(|(c, _)| rank(c));
         self.lowest_rule_status = self

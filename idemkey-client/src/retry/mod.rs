@@ -244,7 +244,9 @@ impl RetryMiddleware {
         };
         match (class, result) {
             (Class::KeyReused | Class::AlreadyExecuted, _) => false,
-            (Class::InProgress, Ok(r)) => hint(r) != Some(false),
+            (Class::InProgress | Class::StoreFull | Class::QuotaExceeded, Ok(r)) => {
+                hint(r) != Some(false)
+            }
             (_, Err(e)) if AttemptTimedOut::is(e) => true,
             (_, Ok(r)) if r.status().as_u16() >= 400 => match hint(r) {
                 Some(false) => false,
