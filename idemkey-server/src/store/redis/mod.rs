@@ -25,6 +25,7 @@ mod admin;
 mod builder;
 mod codec;
 mod conn;
+mod memory;
 mod scripts;
 
 use std::time::Duration;
@@ -45,6 +46,7 @@ use super::{
 };
 
 pub use self::builder::RedisStoreBuilder;
+pub use self::memory::RedisMemory;
 
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "idemkey:";
@@ -111,6 +113,10 @@ pub struct RedisStore {
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
     notifier: std::sync::Arc<Notifier>,
+    /// The look at Redis's memory ([`RedisStore::check_memory`]).
+    memory: std::sync::Arc<memory::MemoryWatch>,
+    /// The periodic look, ended when the last clone is dropped.
+    _memory_task: std::sync::Arc<Option<memory::MemoryTask>>,
 }
 
 /// The waiters of this store's records ([`Store::watch`]), woken by the messages the
@@ -139,6 +145,8 @@ impl RedisStore {
             connection_timeout: Duration::from_secs(1),
             reconnect_attempts: 1,
             replicas: None,
+            allow_eviction: None,
+            memory_check: Some(memory::DEFAULT_CHECK_INTERVAL),
         }
     }
 
@@ -258,6 +266,31 @@ impl RedisStore {
         fenced_unless(written == 1)
     }
 
+    /// A claim that a full Redis refused (`OOM`: `SET` is refused whether or not the key
+    /// exists): reads the record instead (`GET` and `PTTL`, which a full Redis still
+    /// serves), so that a completed record still replays and a running one still
+    /// answers in progress. A new key, or an expired lease to take over, fails with
+    /// the full error: nothing is written, nothing evicted.
+    async fn claim_when_full(
+        &self,
+        key: String,
+        oom: ::redis::RedisError,
+    ) -> Result<Claim, StoreError> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+        let (found, pttl): (Option<Vec<u8>>, i64) = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| unavailable("reading a record (Redis is full)", e))?;
+        match found {
+            Some(found) => match decode_found(Some(Bytes::from(found)), pttl)? {
+                Some(claim) => Ok(claim),
+                None => Err(memory::full("taking over an expired claim", oom)),
+            },
+            None => Err(memory::full("claiming a record", oom)),
+        }
+    }
+
     /// The completion script and `WAIT` in one pipeline (one round trip, on the node of
     /// the record: `WAIT` counts the replicas holding this connection's writes).
     async fn complete_and_wait(
@@ -326,17 +359,18 @@ impl Store for RedisStore {
             .arg("GET")
             .cmd("PTTL")
             .arg(&key);
-        let (found, pttl): (Option<Vec<u8>>, i64) = pipe
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| {
-                // A pipeline wraps the server's error: its code is in the message.
-                if e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE") {
-                    corrupt_record()
-                } else {
-                    unavailable("claiming a record", e)
-                }
-            })?;
+        let reply: Result<(Option<Vec<u8>>, i64), _> =
+            pipe.query_async(&mut self.conn.clone()).await;
+        let (found, pttl) = match reply {
+            Ok(found) => found,
+            // A full Redis refuses the `SET` even when the key exists: read instead.
+            Err(e) if memory::is_oom(&e) => return self.claim_when_full(key, e).await,
+            // A pipeline wraps the server's error: its code is in the message.
+            Err(e) if e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE") => {
+                return Err(corrupt_record());
+            }
+            Err(e) => return Err(unavailable("claiming a record", e)),
+        };
         if let Some(claim) = decode_found(found.map(Bytes::from), pttl)? {
             return Ok(claim);
         }
