@@ -99,6 +99,46 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 /// operators, not for the request path. Redis CPU per request, measured with
 /// `INFO commandstats`, is in BENCHMARKS.md (`perf/src/bin/redis_cpu.rs`).
 ///
+/// # When Redis is full
+///
+/// Every record has a TTL (lease plus retention while in progress, the retention once
+/// completed), so what bounds the memory the records take is the rate of new keys
+/// times the retention, against Redis's `maxmemory`. What a full Redis does depends on
+/// its `maxmemory-policy`:
+///
+/// - `noeviction` (Redis's default; the one to use): Redis refuses writes while its
+///   used memory is over `maxmemory`. A claim on a new key fails with
+///   [`StoreError::is_unavailable`] (the verifier answers 503 with `Retry-After`, and
+///   runs no handler), and the message says that Redis is full and what to do (raise
+///   `maxmemory`, shorten the retention, or remove what else fills it). Nothing is
+///   evicted: a completed record still replays (the claim reads it when Redis refuses
+///   its `SET`), a running one still answers in progress, and room comes back as
+///   records expire.
+/// - any evicting policy (`allkeys-lru`, `allkeys-lfu`, `allkeys-random`,
+///   `volatile-lru`, `volatile-lfu`, `volatile-random`, `volatile-ttl`; every record has
+///   a TTL, so `volatile-*` evict records too): Redis silently drops records to make
+///   room, and a retry of a request whose record was dropped executes again. So
+///   [`RedisStoreBuilder::connect`] refuses such a Redis with
+///   [`StoreError::is_configuration`] (and [`open`](crate::store::open) with
+///   [`OpenError::is_configuration`](crate::store::OpenError::is_configuration)), the
+///   message naming the policy, unless told to allow it:
+///   [`RedisStoreBuilder::allow_eviction`], or `?allow_eviction=true` in the URL.
+///
+/// The policy is read with `CONFIG GET`; where Redis refuses `CONFIG` (a managed Redis:
+/// an ACL without `+config`, a renamed command) from the `maxmemory_policy` field of
+/// `INFO memory`. When Redis refuses both, the store connects and logs a warning. On a
+/// cluster every primary the client knows when it connects is checked.
+///
+/// After connecting, the store looks at `INFO memory` and `INFO stats` every minute
+/// ([`RedisStoreBuilder::memory_check_interval`], [`RedisStore::check_memory`]): with the
+/// `metrics` feature it sets the counter `idemkey_store_redis_evicted_keys_total` to the
+/// server's `evicted_keys`, and it logs a warning when that count grows (eviction
+/// allowed, or a policy changed at runtime) or when the policy was changed to an
+/// evicting one. Alert on: `evicted_keys` (or that counter) growing at all;
+/// `used_memory` near `maxmemory` (Redis's own metrics); and 503s or
+/// `idemkey_store_errors_total{store="redis",error="unavailable"}` whose log says
+/// "Redis is full".
+///
 /// # Durability across failover
 ///
 /// Redis replicates asynchronously: a completion acknowledged by a primary that fails
