@@ -390,20 +390,7 @@ async fn evicted_keys_are_counted_and_warned_about() {
     let before = store.check_memory().await.expect("INFO");
     assert_eq!(before[0].evicted_since_last_check, 0, "{before:?}");
 
-    let mut admin = redis::Client::open(server.url())
-        .expect("URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let filler = vec![b'f'; 64 * 1024];
-    for i in 0..100 {
-        let () = redis::cmd("SET")
-            .arg(format!("filler:{i}"))
-            .arg(&filler)
-            .query_async(&mut admin)
-            .await
-            .expect("allkeys-lru makes room");
-    }
+    fill(&server.url()).await;
 
     let after = store.check_memory().await.expect("INFO");
     let node = &after[0];
@@ -423,7 +410,6 @@ async fn evicted_keys_are_counted_and_warned_about() {
         "a warning says keys were evicted: {:?}",
         logs.warnings()
     );
-    drop(admin);
 
     // A policy changed at runtime, before anything is evicted.
     let runtime = RedisServer::start_with_args(&["--maxmemory-policy", "noeviction"]);
@@ -442,6 +428,63 @@ async fn evicted_keys_are_counted_and_warned_about() {
         "a warning says the policy changed: {:?}",
         logs.warnings()
     );
+}
+
+/// The store looks at memory by itself: with an interval set, evictions on a Redis
+/// allowed to evict are warned about without anyone calling `check_memory` (waited for,
+/// bounded: the look runs in a task on this test's thread, where the logs are
+/// captured).
+#[tokio::test]
+async fn the_store_looks_at_memory_by_itself() {
+    let server = RedisServer::start_with_args(&[
+        "--maxmemory",
+        "2mb",
+        "--maxmemory-policy",
+        "allkeys-random",
+    ]);
+    let (logs, _guard) = capture_logs();
+    let store = RedisStore::builder(server.url())
+        .allow_eviction(true)
+        .memory_check_interval(Some(Duration::from_millis(20)))
+        .connect()
+        .await
+        .expect("allowed");
+    fill(&server.url()).await;
+    let evicted = || {
+        logs.warnings()
+            .iter()
+            .any(|w| w.contains("Redis evicted") && w.contains("allkeys-random"))
+    };
+    for _ in 0..500 {
+        if evicted() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        evicted(),
+        "the periodic look warned about evicted keys: {:?}",
+        logs.warnings()
+    );
+    drop(store);
+}
+
+/// Writes 100 keys of 64 KiB (6.4 MB) into the Redis at `url`.
+async fn fill(url: &str) {
+    let mut admin = redis::Client::open(url)
+        .expect("URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let filler = vec![b'f'; 64 * 1024];
+    for i in 0..100 {
+        let () = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&filler)
+            .query_async(&mut admin)
+            .await
+            .expect("an evicting Redis makes room");
+    }
 }
 
 fn request(id: &RecordId, token: FencingToken) -> ClaimRequest<'_> {

@@ -214,11 +214,14 @@ impl RedisStore {
         builder
     }
 
-    /// Connects to `url` with the default settings.
+    /// Connects to `url` with the default settings (and `?allow_eviction=true`, when
+    /// the URL has it: [`RedisStoreBuilder::allow_eviction`]).
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the URL is invalid or Redis cannot be reached.
+    /// As [`RedisStoreBuilder::connect`]: [`StoreError::is_configuration`] when the URL
+    /// is invalid, Redis refuses its credentials or database, or Redis runs an evicting
+    /// `maxmemory-policy`; [`StoreError::is_unavailable`] when Redis cannot be reached.
     pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
         Self::builder(url).connect().await
     }
