@@ -18,6 +18,8 @@ mod charge_server_stores;
 mod conformance_catches;
 #[cfg(all(feature = "test-util", feature = "redis"))]
 mod redis_failover;
+#[cfg(all(feature = "test-util", feature = "redis"))]
+mod redis_memory;
 #[cfg(all(
     feature = "test-util",
     feature = "redis",

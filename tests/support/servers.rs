@@ -65,6 +65,21 @@ impl RedisServer {
         server
     }
 
+    /// Starts a private server on a free port, without persistence, with more
+    /// `redis-server` arguments (`["--maxmemory", "2mb"]`, `["--rename-command",
+    /// "CONFIG", ""]`).
+    pub(crate) fn start_with_args(args: &[&str]) -> Self {
+        let mut server = Self {
+            port: free_port(),
+            child: None,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            aof_dir: None,
+            scratch: TempDir::new("idemkey-redis-scratch"),
+        };
+        server.start_on_a_free_port();
+        server
+    }
+
     /// Starts a private server on a free port, without persistence, replicating
     /// `primary`; returns once the replica is in sync.
     pub(crate) fn start_replica_of(primary: &Self) -> Self {

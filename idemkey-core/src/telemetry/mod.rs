@@ -119,6 +119,8 @@ pub const STORE_DURATION: &str = "idemkey_store_operation_duration_seconds";
 #[doc(hidden)]
 pub const STORE_ERRORS: &str = "idemkey_store_errors_total";
 #[doc(hidden)]
+pub const STORE_REDIS_EVICTED_KEYS: &str = "idemkey_store_redis_evicted_keys_total";
+#[doc(hidden)]
 pub const CLIENT_CALLS: &str = "idemkey_client_calls_total";
 #[doc(hidden)]
 pub const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
@@ -172,6 +174,11 @@ pub fn describe_metrics() {
         STORE_ERRORS,
         Unit::Count,
         "Store operations that failed (fenced writes excluded)"
+    );
+    describe_counter!(
+        STORE_REDIS_EVICTED_KEYS,
+        Unit::Count,
+        "Keys a Redis holding idempotency records evicted since it started (INFO stats)"
     );
     describe_counter!(CLIENT_CALLS, Unit::Count, "Logical client calls by outcome");
     describe_histogram!(

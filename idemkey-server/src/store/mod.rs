@@ -72,7 +72,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use self::redis::{RedisMemory, RedisStore, RedisStoreBuilder};
 /// The AWS SDK crate whose client [`DynamoStore::builder`] takes (feature `dynamodb`).
 #[cfg(feature = "dynamodb")]
 pub use aws_sdk_dynamodb;

@@ -10,7 +10,7 @@ use super::{MemoryStore, Store, StoreError};
 /// | URL | store | feature |
 /// |---|---|---|
 /// | `memory` (or `memory://`) | [`MemoryStore`] | `server` |
-/// | `redis://[:password@]host[:port][/db]`, `rediss://...` | `RedisStore` | `redis` |
+/// | `redis://[:password@]host[:port][/db][?allow_eviction=true]`, `rediss://...` | `RedisStore` (refuses a Redis whose `maxmemory-policy` evicts keys unless `allow_eviction=true`: see `RedisStoreBuilder::allow_eviction`) | `redis` |
 /// | `postgres://user[:password]@host[:port]/database` (or `postgresql://`) | `PostgresStore` | `postgres` |
 /// | `sqlite://PATH` (`sqlite:///abs/path` or `sqlite://relative/path`; `sqlite://:memory:`, one in-memory database) | `SqliteStore` | `sqlite` |
 /// | `mysql://user[:password]@host[:port]/database` (or `mariadb://`) | `MySqlStore` | `mysql` |
@@ -33,7 +33,8 @@ use super::{MemoryStore, Store, StoreError};
 /// [`OpenError::is_unsupported`] for an unknown scheme or one whose store was not
 /// compiled in (the message names the Cargo feature to enable);
 /// [`OpenError::is_configuration`] when the store refuses the URL's database, user,
-/// password or database number, or a SQLite file's directory does not exist (the message
+/// password or database number, a Redis runs an evicting `maxmemory-policy` (the message
+/// names it, and the override), or a SQLite file's directory does not exist (the message
 /// says what to fix); [`OpenError::is_unavailable`] when the store cannot be reached
 /// (the message names the host and port tried).
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
@@ -168,8 +169,9 @@ impl OpenError {
 
     /// `true` when the store answered but refused what the URL asks for (a database
     /// that does not exist, an unknown user, a wrong password, a Redis database number
-    /// out of range), the URL or a setting is invalid, or a SQLite file's directory does
-    /// not exist: retrying will not help, the message says what to fix
+    /// out of range, a Redis whose `maxmemory-policy` evicts records), the URL or a
+    /// setting is invalid, or a SQLite file's directory does not exist: retrying will
+    /// not help, the message says what to fix
     /// ([`StoreError::is_configuration`]).
     ///
     /// ```

@@ -8,6 +8,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 
 use super::conn::{Conn, connect_failed, unavailable};
+use super::memory::{MemoryWatch, take_allow_eviction};
 use super::scripts::Scripts;
 use super::{Notifier, RedisStore};
 use crate::store::{Settlements, StoreError};
@@ -24,6 +25,11 @@ pub struct RedisStoreBuilder {
     pub(super) reconnect_attempts: usize,
     /// Replicas that must acknowledge a completion, and how long to wait for them.
     pub(super) replicas: Option<(usize, Duration)>,
+    /// Whether an evicting `maxmemory-policy` is accepted: `None` leaves it to the URL's
+    /// `allow_eviction` parameter (default: refused).
+    pub(super) allow_eviction: Option<bool>,
+    /// How often the store looks at Redis's memory (`None`: only when asked).
+    pub(super) memory_check: Option<Duration>,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -37,6 +43,8 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("reconnect_attempts", &self.reconnect_attempts)
             .field("wait_for_replicas", &self.replicas)
+            .field("allow_eviction", &self.allow_eviction)
+            .field("memory_check_interval", &self.memory_check)
             .finish()
     }
 }
@@ -112,15 +120,76 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects and loads the scripts.
+    /// Accepts a Redis whose `maxmemory-policy` evicts keys (`allkeys-*`, `volatile-*`),
+    /// which [`connect`](Self::connect) otherwise refuses (default `false`; the URL
+    /// parameter `?allow_eviction=true` does the same, and this setting, when made,
+    /// wins over it).
+    ///
+    /// Every record has a TTL, so under any of those policies a full Redis drops live
+    /// records to make room, and a retry of a request whose record was dropped executes
+    /// again: the failure idempotency keys exist to prevent. Allow it only for a Redis
+    /// that never fills (and watch `evicted_keys`:
+    /// [`RedisStore::check_memory`], the metric `idemkey_store_redis_evicted_keys_total`),
+    /// or where a second execution is acceptable. The store logs a warning when it
+    /// connects to such a Redis, and each time it sees `evicted_keys` grow.
+    ///
+    /// ```no_run
+    /// use idemkey::store::RedisStore;
+    /// # async fn demo() -> Result<(), idemkey::store::StoreError> {
+    /// // A cache Redis (allkeys-lru) with room to spare; evictions are alerted on.
+    /// let store = RedisStore::builder("redis://cache.internal:6379")
+    ///     .allow_eviction(true)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = Some(allow);
+        self
+    }
+
+    /// How often the store looks at Redis's memory by itself ([`RedisStore::check_memory`]:
+    /// one `INFO memory stats` per server, every primary of a cluster), to report
+    /// evicted keys (the metric, a warning) and a policy changed at runtime (default
+    /// every 60 s; `None`: only when [`RedisStore::check_memory`] is called). The look
+    /// runs in a task of the Tokio runtime that connects the store, until the last
+    /// clone of the store is dropped.
+    #[must_use]
+    pub fn memory_check_interval(mut self, interval: Option<Duration>) -> Self {
+        self.memory_check = interval.filter(|i| !i.is_zero());
+        self
+    }
+
+    /// Connects, checks Redis's `maxmemory-policy` and loads the scripts.
+    ///
+    /// The policy is read with `CONFIG GET maxmemory-policy maxmemory`; where Redis
+    /// refuses `CONFIG` (a managed Redis: an ACL without `+config`, a renamed command),
+    /// from the `maxmemory_policy` field of `INFO memory`. On a cluster, every primary
+    /// the client knows when it connects is checked. `noeviction` is accepted; an
+    /// evicting policy is refused unless [`allow_eviction`](Self::allow_eviction) (or
+    /// the URL's `?allow_eviction=true`). When Redis refuses both commands, the store
+    /// connects and logs a warning: it cannot tell, and refusing would lock out proxies
+    /// and managed services that hide both.
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_configuration`] when the URL is invalid or Redis refuses its
-    /// password, user or database number; [`StoreError::is_unavailable`] when Redis
-    /// cannot be reached (the message names the host and port tried).
-    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+    /// [`StoreError::is_configuration`] when the URL is invalid, Redis refuses its
+    /// password, user or database number, or Redis runs an evicting `maxmemory-policy`
+    /// and eviction was not allowed (the message names the policy and the override);
+    /// [`StoreError::is_unavailable`] when Redis cannot be reached (the message names
+    /// the host and port tried).
+    pub async fn connect(mut self) -> Result<RedisStore, StoreError> {
+        let mut allowed_by_url = None;
+        for url in &mut self.urls {
+            let (bare, allow) = take_allow_eviction(url)?;
+            *url = bare;
+            allowed_by_url = allowed_by_url.or(allow);
+        }
+        let allow_eviction = self.allow_eviction.or(allowed_by_url).unwrap_or(false);
+        let at;
         let mut conn = if self.cluster {
+            at = "the Redis Cluster".to_owned();
             let client = ClusterClient::builder(self.urls.iter().map(String::as_str))
                 .connection_timeout(self.connection_timeout)
                 .response_timeout(self.response_timeout)
@@ -141,7 +210,7 @@ impl RedisStoreBuilder {
                     e,
                 )
             })?;
-            let at = client.get_connection_info().addr().to_string();
+            at = client.get_connection_info().addr().to_string();
             let config = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(self.response_timeout))
                 .set_connection_timeout(Some(self.connection_timeout))
@@ -154,6 +223,8 @@ impl RedisStoreBuilder {
                     .map_err(|e| connect_failed(&at, e))?,
             )
         };
+        let memory = MemoryWatch::connect(conn.clone(), at, allow_eviction).await?;
+        let memory_task = self.memory_check.map(|every| memory.spawn(every));
         let scripts = Scripts::new();
         for script in scripts.all() {
             script
@@ -167,6 +238,8 @@ impl RedisStoreBuilder {
             replicas: self.replicas,
             prefix: self.prefix,
             scripts: std::sync::Arc::new(scripts),
+            memory,
+            _memory_task: std::sync::Arc::new(memory_task),
             notifier: std::sync::Arc::new(Notifier {
                 url: self.urls.first().cloned().unwrap_or_default(),
                 settlements: Settlements::default(),

@@ -62,6 +62,11 @@ pub(super) fn connect_failed(at: &str, e: RedisError) -> StoreError {
     }
 }
 
+/// A call that failed: unavailable, and when Redis refused the write because it is full
+/// (`OOM`), a message that says so and what to do.
 pub(super) fn unavailable(what: &str, e: RedisError) -> StoreError {
+    if super::memory::is_oom(&e) {
+        return super::memory::full(what, e);
+    }
     StoreError::unavailable(format!("Redis: {what} failed ({e})"), e)
 }

@@ -25,6 +25,7 @@ mod admin;
 mod builder;
 mod codec;
 mod conn;
+mod memory;
 mod scripts;
 
 use std::time::Duration;
@@ -45,6 +46,7 @@ use super::{
 };
 
 pub use self::builder::RedisStoreBuilder;
+pub use self::memory::RedisMemory;
 
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "idemkey:";
@@ -97,6 +99,46 @@ const DEFAULT_PREFIX: &str = "idemkey:";
 /// operators, not for the request path. Redis CPU per request, measured with
 /// `INFO commandstats`, is in BENCHMARKS.md (`perf/src/bin/redis_cpu.rs`).
 ///
+/// # When Redis is full
+///
+/// Every record has a TTL (lease plus retention while in progress, the retention once
+/// completed), so what bounds the memory the records take is the rate of new keys
+/// times the retention, against Redis's `maxmemory`. What a full Redis does depends on
+/// its `maxmemory-policy`:
+///
+/// - `noeviction` (Redis's default; the one to use): Redis refuses writes while its
+///   used memory is over `maxmemory`. A claim on a new key fails with
+///   [`StoreError::is_unavailable`] (the verifier answers 503 with `Retry-After`, and
+///   runs no handler), and the message says that Redis is full and what to do (raise
+///   `maxmemory`, shorten the retention, or remove what else fills it). Nothing is
+///   evicted: a completed record still replays (the claim reads it when Redis refuses
+///   its `SET`), a running one still answers in progress, and room comes back as
+///   records expire.
+/// - any evicting policy (`allkeys-lru`, `allkeys-lfu`, `allkeys-random`,
+///   `volatile-lru`, `volatile-lfu`, `volatile-random`, `volatile-ttl`; every record has
+///   a TTL, so `volatile-*` evict records too): Redis silently drops records to make
+///   room, and a retry of a request whose record was dropped executes again. So
+///   [`RedisStoreBuilder::connect`] refuses such a Redis with
+///   [`StoreError::is_configuration`] (and [`open`](crate::store::open) with
+///   [`OpenError::is_configuration`](crate::store::OpenError::is_configuration)), the
+///   message naming the policy, unless told to allow it:
+///   [`RedisStoreBuilder::allow_eviction`], or `?allow_eviction=true` in the URL.
+///
+/// The policy is read with `CONFIG GET`; where Redis refuses `CONFIG` (a managed Redis:
+/// an ACL without `+config`, a renamed command) from the `maxmemory_policy` field of
+/// `INFO memory`. When Redis refuses both, the store connects and logs a warning. On a
+/// cluster every primary the client knows when it connects is checked.
+///
+/// After connecting, the store looks at `INFO memory` and `INFO stats` every minute
+/// ([`RedisStoreBuilder::memory_check_interval`], [`RedisStore::check_memory`]): with the
+/// `metrics` feature it sets the counter `idemkey_store_redis_evicted_keys_total` to the
+/// server's `evicted_keys`, and it logs a warning when that count grows (eviction
+/// allowed, or a policy changed at runtime) or when the policy was changed to an
+/// evicting one. Alert on: `evicted_keys` (or that counter) growing at all;
+/// `used_memory` near `maxmemory` (Redis's own metrics); and 503s or
+/// `idemkey_store_errors_total{store="redis",error="unavailable"}` whose log says
+/// "Redis is full".
+///
 /// # Durability across failover
 ///
 /// Redis replicates asynchronously: a completion acknowledged by a primary that fails
@@ -111,6 +153,10 @@ pub struct RedisStore {
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
     notifier: std::sync::Arc<Notifier>,
+    /// The look at Redis's memory ([`RedisStore::check_memory`]).
+    memory: std::sync::Arc<memory::MemoryWatch>,
+    /// The periodic look, ended when the last clone is dropped.
+    _memory_task: std::sync::Arc<Option<memory::MemoryTask>>,
 }
 
 /// The waiters of this store's records ([`Store::watch`]), woken by the messages the
@@ -139,6 +185,8 @@ impl RedisStore {
             connection_timeout: Duration::from_secs(1),
             reconnect_attempts: 1,
             replicas: None,
+            allow_eviction: None,
+            memory_check: Some(memory::DEFAULT_CHECK_INTERVAL),
         }
     }
 
@@ -166,11 +214,14 @@ impl RedisStore {
         builder
     }
 
-    /// Connects to `url` with the default settings.
+    /// Connects to `url` with the default settings (and `?allow_eviction=true`, when
+    /// the URL has it: [`RedisStoreBuilder::allow_eviction`]).
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_unavailable`] when the URL is invalid or Redis cannot be reached.
+    /// As [`RedisStoreBuilder::connect`]: [`StoreError::is_configuration`] when the URL
+    /// is invalid, Redis refuses its credentials or database, or Redis runs an evicting
+    /// `maxmemory-policy`; [`StoreError::is_unavailable`] when Redis cannot be reached.
     pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
         Self::builder(url).connect().await
     }
@@ -258,6 +309,31 @@ impl RedisStore {
         fenced_unless(written == 1)
     }
 
+    /// A claim that a full Redis refused (`OOM`: `SET` is refused whether or not the key
+    /// exists): reads the record instead (`GET` and `PTTL`, which a full Redis still
+    /// serves), so that a completed record still replays and a running one still
+    /// answers in progress. A new key, or an expired lease to take over, fails with
+    /// the full error: nothing is written, nothing evicted.
+    async fn claim_when_full(
+        &self,
+        key: String,
+        oom: ::redis::RedisError,
+    ) -> Result<Claim, StoreError> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+        let (found, pttl): (Option<Vec<u8>>, i64) = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| unavailable("reading a record (Redis is full)", e))?;
+        match found {
+            Some(found) => match decode_found(Some(Bytes::from(found)), pttl)? {
+                Some(claim) => Ok(claim),
+                None => Err(memory::full("taking over an expired claim", oom)),
+            },
+            None => Err(memory::full("claiming a record", oom)),
+        }
+    }
+
     /// The completion script and `WAIT` in one pipeline (one round trip, on the node of
     /// the record: `WAIT` counts the replicas holding this connection's writes).
     async fn complete_and_wait(
@@ -326,17 +402,18 @@ impl Store for RedisStore {
             .arg("GET")
             .cmd("PTTL")
             .arg(&key);
-        let (found, pttl): (Option<Vec<u8>>, i64) = pipe
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| {
-                // A pipeline wraps the server's error: its code is in the message.
-                if e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE") {
-                    corrupt_record()
-                } else {
-                    unavailable("claiming a record", e)
-                }
-            })?;
+        let reply: Result<(Option<Vec<u8>>, i64), _> =
+            pipe.query_async(&mut self.conn.clone()).await;
+        let (found, pttl) = match reply {
+            Ok(found) => found,
+            // A full Redis refuses the `SET` even when the key exists: read instead.
+            Err(e) if memory::is_oom(&e) => return self.claim_when_full(key, e).await,
+            // A pipeline wraps the server's error: its code is in the message.
+            Err(e) if e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE") => {
+                return Err(corrupt_record());
+            }
+            Err(e) => return Err(unavailable("claiming a record", e)),
+        };
         if let Some(claim) = decode_found(found.map(Bytes::from), pttl)? {
             return Ok(claim);
         }
