@@ -286,3 +286,52 @@ async fn a_webhook_batch_receiver_answers_a_full_store_with_503_store_full() {
     assert_eq!((status, case.as_str()), (503, "store-full"));
     assert_eq!(runs.count(), 2, "the items that fit ran and are recorded");
 }
+
+#[tokio::test]
+async fn memory_urls_open_bounded_stores_or_name_the_bad_setting() {
+    for url in [
+        "memory",
+        "memory://",
+        "memory://?max_records=100000&max_bytes=256MiB",
+        "memory://?max_bytes=64KB",
+        "memory://?max_bytes=1gib&max_records=10",
+    ] {
+        let store = idemkey::store::open(url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(store.kind(), "memory", "{url}");
+    }
+
+    // The bound set by the URL is the one the verifier meets.
+    let engine = Engine::new(
+        idemkey::store::open("memory://?max_records=1")
+            .await
+            .expect("opens"),
+    );
+    let fp = Fingerprint::of_bytes(b"x");
+    let key = |k: &str| IdempotencyKey::new(k).expect("key");
+    assert!(engine.claim("", &key("k1"), &fp).await.is_ok());
+    let err = engine.claim("", &key("k2"), &fp).await.expect_err("full");
+    assert!(err.is_store_full(), "{err}");
+
+    for (url, says) in [
+        ("memory://?max_records=0", "max_records"),
+        ("memory://?max_records=-3", "positive integer"),
+        ("memory://?max_records=1e6", "max_records"),
+        ("memory://?max_bytes=0", "max_bytes"),
+        ("memory://?max_bytes=-1MiB", "max_bytes"),
+        ("memory://?max_bytes=256MB_", "KiB, MiB, GiB"),
+        ("memory://?max_bytes=256 MiB", "max_bytes"),
+        ("memory://?max_bytes=16", "max_bytes"),
+        ("memory://?max_bytes=1&max_bytes=2", "twice"),
+        ("memory://?size=1", "max_records and max_bytes"),
+        ("memory://somewhere", "no host"),
+    ] {
+        let err = idemkey::store::open(url).await.err().expect(url);
+        assert!(
+            err.is_configuration() && !err.is_unsupported(),
+            "{url}: {err}"
+        );
+        assert!(err.to_string().contains(says), "{url}: {err}");
+    }
+}
