@@ -143,7 +143,9 @@ async fn a_flood_of_new_keys_fills_the_memory_store_without_losing_or_evicting_a
     tokio::time::pause();
     tokio::time::advance(RETENTION + Duration::from_secs(1)).await;
     tokio::time::resume();
-    assert_eq!(store.sweep().await.expect("sweep"), BOUND);
+    // (A sweep that a refused claim started may have removed some of them already.)
+    assert!(store.sweep().await.expect("sweep") <= BOUND);
+    assert!(store.is_empty());
     assert_eq!(store.stored_bytes(), 0);
     let resp = charge(&client, &server, "acme", "acme-new").await;
     assert_eq!(resp.status(), 201);

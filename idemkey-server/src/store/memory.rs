@@ -496,18 +496,19 @@ impl MemoryStore {
 
     fn sweep_now(&self) -> u64 {
         let now = self.now();
-        let (mut records, mut bytes) = (0_u64, 0_u64);
+        let mut removed = 0_u64;
+        // Counted down as each record leaves, under its shard's lock: once a sweep
+        // returned, whatever it (or a concurrent sweep) removed is off the counts.
         self.inner.records.retain(|_, r| {
             let keep = r.kept_until() > now;
             if !keep {
-                records += 1;
-                bytes = bytes.saturating_add(r.cost());
+                removed += 1;
+                self.inner.shrink(1, r.cost());
             }
             keep
         });
-        self.inner.shrink(records, bytes);
         self.inner.settlements.prune();
-        records
+        removed
     }
 
     /// The claim, or `Err` when it needs a new record and the store is full.
@@ -1009,6 +1010,15 @@ mod bound_tests {
         let (a, _) = claim(&store, "a", Duration::from_secs(60)).await;
         let (_, short) = claim(&store, "short", Duration::from_secs(1)).await;
         assert_eq!(short.expect("room"), Claim::Acquired { takeover: false });
+        // The expired claim is taken over though the store is full: it adds no record.
+        // (Before any refusal: a refused claim starts a sweep that could remove it.)
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (_, takeover) = claim(&store, "short", Duration::from_secs(1)).await;
+        assert_eq!(
+            takeover.expect("takeover"),
+            Claim::Acquired { takeover: true }
+        );
+        assert_eq!(store.stored_bytes(), 2 * CLAIMED);
         let (_, refused) = claim(&store, "c", Duration::from_secs(60)).await;
         let err = refused.expect_err("full");
         assert!(err.is_full() && !err.is_unavailable(), "{err}");
@@ -1024,17 +1034,11 @@ mod bound_tests {
             .expect("a completion is never refused for room");
         let (_, replay) = claim(&store, "a", Duration::from_secs(60)).await;
         assert!(matches!(replay, Ok(Claim::Completed { .. })), "{replay:?}");
-        // The expired claim is taken over though the store is full: it adds no record.
+        // Once the short claim expires again and is swept (by this sweep or the one
+        // the refusal started), a new key fits.
         tokio::time::advance(Duration::from_secs(2)).await;
-        let (_, takeover) = claim(&store, "short", Duration::from_secs(1)).await;
-        assert_eq!(
-            takeover.expect("takeover"),
-            Claim::Acquired { takeover: true }
-        );
-        assert_eq!(store.stored_bytes(), 2 * CLAIMED + 4096);
-        // Once it expires again and is swept, a new key fits.
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(store.sweep().await.expect("sweep"), 1);
+        assert!(store.sweep().await.expect("sweep") <= 1);
+        assert_eq!(store.len(), 1);
         assert_eq!(store.stored_bytes(), CLAIMED + 4096);
         let (_, fits) = claim(&store, "c", Duration::from_secs(60)).await;
         assert_eq!(
@@ -1077,6 +1081,63 @@ mod bound_tests {
         assert_eq!(store.stored_bytes(), 0);
         let (_, a) = claim(&store, "a", Duration::from_secs(1)).await;
         assert!(a.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_claims_never_pass_the_bound() {
+        let store = bounded(50, 1 << 20);
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut won = 0_u64;
+                    for i in 0..100 {
+                        let (_, c) =
+                            claim(&store, &format!("{t}-{i}"), Duration::from_secs(60)).await;
+                        match c {
+                            Ok(Claim::Acquired { .. }) => won += 1,
+                            Err(e) if e.is_full() => {}
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        let mut won = 0;
+        for t in tasks {
+            won += t.await.expect("task");
+        }
+        assert_eq!(won, 50);
+        assert_eq!(store.len(), 50);
+        assert_eq!(store.inner.used_records.load(Ordering::Relaxed), 50);
+        assert_eq!(store.stored_bytes(), 50 * CLAIMED);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_refused_for_room_sweeps_expired_records_in_the_background() {
+        let store = bounded(3, 1 << 20);
+        for k in ["a", "b", "c"] {
+            let (_, c) = claim(&store, k, Duration::from_secs(1)).await;
+            assert!(c.is_ok());
+        }
+        // Past their lease (and their retention of zero), not swept yet.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(store.len(), 3);
+        let (_, refused) = claim(&store, "d", Duration::from_secs(60)).await;
+        assert!(refused.expect_err("full").is_full());
+        // Bounded: the sweep runs on the blocking pool.
+        for _ in 0..1000 {
+            if store.is_empty() {
+                break;
+            }
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(store.is_empty(), "the refused claim started a sweep");
+        assert_eq!(store.stored_bytes(), 0);
+        let (_, retry) = claim(&store, "d", Duration::from_secs(60)).await;
+        assert!(retry.is_ok(), "the retry finds the room");
     }
 
     #[test]
