@@ -232,20 +232,23 @@ impl Inner {
     }
 
     /// Makes room for a new record of `cost` bytes, or says which bound is reached.
+    ///
+    /// One atomic add per count (no compare-and-swap loop on the claim's path), taken
+    /// back when over: at the bound, a claim may be refused by the overshoot of another
+    /// refused at the same moment, never admitted past it.
     fn reserve(&self, cost: u64) -> Result<(), Full> {
         let limits = self.limits;
-        self.used_records
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < limits.records).then_some(n + 1)
-            })
-            .map_err(|_| Full::Records)?;
+        if self.used_records.fetch_add(1, Ordering::Relaxed) >= limits.records {
+            sub(&self.used_records, 1);
+            return Err(Full::Records);
+        }
         if self
             .used_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                b.checked_add(cost).filter(|after| *after <= limits.bytes)
-            })
-            .is_err()
+            .fetch_add(cost, Ordering::Relaxed)
+            .saturating_add(cost)
+            > limits.bytes
         {
+            sub(&self.used_bytes, cost);
             sub(&self.used_records, 1);
             return Err(Full::Bytes);
         }
@@ -279,11 +282,9 @@ impl Inner {
     }
 }
 
-/// `a += n`, saturating.
+/// `a += n` (a count of bytes in memory stays far below `u64::MAX`).
 fn add(a: &AtomicU64, n: u64) {
-    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-        Some(v.saturating_add(n))
-    });
+    a.fetch_add(n, Ordering::Relaxed);
 }
 
 /// `a -= n`, never below zero.
