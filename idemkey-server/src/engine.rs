@@ -116,8 +116,8 @@ pub enum Claimed {
     Unguarded,
 }
 
-/// The store failed, so the key could not be claimed and nothing ran (the engine fails
-/// closed; see [`EngineBuilder::fail_open`]). Ask again after
+/// The store failed, or is full, so the key could not be claimed and nothing ran (the
+/// engine fails closed; see [`EngineBuilder::fail_open`]). Ask again after
 /// [`ClaimError::retry_after`].
 #[derive(Debug)]
 pub struct ClaimError {
@@ -132,6 +132,15 @@ impl ClaimError {
         self.retry_after
     }
 
+    /// `true` when the store is at its bound and refused a new key
+    /// ([`StoreError::is_full`]): the layer answers `503 store-full`. Records that
+    /// exist are still replayed; retry after [`ClaimError::retry_after`], when expired
+    /// records were swept. Fail-open does not apply to it.
+    #[must_use]
+    pub fn is_store_full(&self) -> bool {
+        self.source.is_full()
+    }
+
     /// What the store answered.
     #[must_use]
     pub fn store_error(&self) -> &StoreError {
@@ -141,6 +150,9 @@ impl ClaimError {
 
 impl fmt::Display for ClaimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.source.is_full() {
+            return write!(f, "{}", self.source);
+        }
         write!(
             f,
             "the idempotency store failed, so the key was not claimed and nothing ran ({}); try again with the same key",
@@ -194,6 +206,10 @@ impl EngineBuilder {
     /// When the store fails, run the operation unprotected ([`Claimed::Unguarded`])
     /// instead of failing the claim with a [`ClaimError`] (default: fail closed). Choose
     /// it only where a duplicate execution is cheaper than an outage.
+    ///
+    /// It applies to a store that fails, not to one that is full
+    /// ([`ClaimError::is_store_full`]): a full store answers, and running new keys
+    /// unrecorded is what a flood of them would want; they are refused either way.
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.cfg.fail_open = fail_open;
         self
@@ -212,8 +228,8 @@ impl EngineBuilder {
         self
     }
 
-    /// The wait advised when the store fails (default 2 s): the layer sends it as the
-    /// `Retry-After` of `503 store-unavailable`.
+    /// The wait advised when the store fails or is full (default 2 s): the layer sends
+    /// it as the `Retry-After` of `503 store-unavailable` and `503 store-full`.
     pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
         self.cfg.unavailable_retry_after = after;
         self
@@ -556,12 +572,16 @@ impl Engine {
                 payload,
             }) if held == fingerprint => Claimed::Replay(payload),
             Ok(Claim::InProgress { .. } | Claim::Completed { .. }) => Claimed::KeyReused,
-            Err(e) if self.cfg.fail_open => {
+            Err(e) if self.cfg.fail_open && !e.is_full() => {
                 tracing::warn!(error = %e, "idempotency store failed; running unguarded (fail-open)");
                 Claimed::Unguarded
             }
             Err(e) => {
-                tracing::warn!(error = %e, "idempotency store failed; nothing runs (fail-closed)");
+                if e.is_full() {
+                    tracing::warn!(error = %e, "idempotency store full; a new key was refused");
+                } else {
+                    tracing::warn!(error = %e, "idempotency store failed; nothing runs (fail-closed)");
+                }
                 return Err(ClaimError {
                     source: e,
                     retry_after: self.cfg.unavailable_retry_after,

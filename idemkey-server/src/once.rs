@@ -52,6 +52,8 @@ enum Kind<E> {
     },
     KeyReused,
     Unavailable(ClaimError),
+    /// The store is at its bound and refused the new key.
+    Full(ClaimError),
     /// The transactional inbox's own statements failed (its transaction is the
     /// caller's, so there is no engine advice to retry).
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
@@ -114,6 +116,29 @@ impl<E> OnceError<E> {
         matches!(self.kind, Kind::Unavailable(_) | Kind::Store(_))
     }
 
+    /// The store is at its bound (records or bytes) and refused this new key; nothing
+    /// ran. Retry after [`OnceError::retry_after`] (requeue the message), when expired
+    /// records were swept; keys recorded before are still replayed.
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::Engine;
+    /// use idemkey::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(MemoryStore::builder().max_records(1).build()?);
+    /// let fp = Fingerprint::of_bytes(b"job");
+    /// let run = || async { Ok::<_, std::io::Error>(1) };
+    /// engine.once("jobs", &IdempotencyKey::new("job-1")?, &fp, run).await?;
+    /// let err = engine.once("jobs", &IdempotencyKey::new("job-2")?, &fp, run).await.expect_err("full");
+    /// assert!(err.is_store_full() && !err.is_store_unavailable());
+    /// assert!(err.retry_after().is_some());
+    /// assert!(engine.once("jobs", &IdempotencyKey::new("job-1")?, &fp, run).await?.is_replayed());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_store_full(&self) -> bool {
+        matches!(self.kind, Kind::Full(_))
+    }
+
     /// The closure ran and failed; the key was released, so a retry runs it again.
     pub fn is_failed(&self) -> bool {
         matches!(self.kind, Kind::Failed(_))
@@ -131,13 +156,13 @@ impl<E> OnceError<E> {
         matches!(self.kind, Kind::Decode(_))
     }
 
-    /// When to retry an `in-progress` or `store-unavailable` error: the engine's advice
+    /// When to retry an `in-progress`, `store-unavailable` or `store-full` error: the engine's advice
     /// ([`Claimed::InProgress`], [`ClaimError::retry_after`]) in whole seconds, rounded
     /// up, at least 1 s.
     pub fn retry_after(&self) -> Option<Duration> {
         let advised = match &self.kind {
             Kind::InProgress { retry_after } => *retry_after,
-            Kind::Unavailable(e) => e.retry_after(),
+            Kind::Unavailable(e) | Kind::Full(e) => e.retry_after(),
             Kind::Store(_) => Duration::from_secs(1),
             _ => return None,
         };
@@ -170,7 +195,7 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
             Kind::KeyReused => f.write_str(
                 "this key was already used with a different fingerprint (another operation); use a new key for a new operation",
             ),
-            Kind::Unavailable(e) => write!(f, "{e}"),
+            Kind::Unavailable(e) | Kind::Full(e) => write!(f, "{e}"),
             Kind::Store(e) => write!(f, "{e}"),
             Kind::Failed(e) => write!(
                 f,
@@ -197,6 +222,7 @@ impl<E: fmt::Debug> fmt::Debug for OnceError<E> {
                 .finish(),
             Kind::KeyReused => f.write_str("OnceError::KeyReused"),
             Kind::Unavailable(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
+            Kind::Full(e) => f.debug_tuple("OnceError::Full").field(e).finish(),
             Kind::Store(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
             Kind::Failed(e) => f.debug_tuple("OnceError::Failed").field(e).finish(),
             Kind::Encode(e) => f.debug_tuple("OnceError::Encode").field(e).finish(),
@@ -211,7 +237,7 @@ where
 {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            Kind::Unavailable(e) => Some(e),
+            Kind::Unavailable(e) | Kind::Full(e) => Some(e),
             Kind::Store(e) => Some(e),
             Kind::Failed(e) => Some(e),
             Kind::Encode(e) => Some(e),
@@ -235,7 +261,7 @@ impl Engine {
     /// # Errors
     /// [`OnceError`]: in progress elsewhere (requeue after
     /// [`OnceError::retry_after`]), key reused with another fingerprint, store
-    /// unavailable, `f` failed, or the value could not be recorded or read back.
+    /// unavailable or full, `f` failed, or the value could not be recorded or read back.
     ///
     /// ```
     /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
@@ -266,10 +292,13 @@ impl Engine {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let claimed = self
-            .claim(scope, key, fingerprint)
-            .await
-            .map_err(|e| OnceError::new(Kind::Unavailable(e)))?;
+        let claimed = self.claim(scope, key, fingerprint).await.map_err(|e| {
+            OnceError::new(if e.is_store_full() {
+                Kind::Full(e)
+            } else {
+                Kind::Unavailable(e)
+            })
+        })?;
         let mut exec = match claimed {
             Claimed::Execute(exec) => exec,
             Claimed::Replay(payload) => {

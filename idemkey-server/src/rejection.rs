@@ -168,6 +168,27 @@ impl Rejection {
         .with_retry_after(after)
     }
 
+    /// 503 `store-full`, retry after `after`: the store is at its bound and refused a
+    /// new key; nothing was executed, nothing was evicted, and existing keys are still
+    /// replayed.
+    ///
+    /// ```
+    /// use idemkey::server::Rejection;
+    /// let r = Rejection::store_full(std::time::Duration::from_secs(2));
+    /// assert_eq!((r.status(), r.problem_type()), (http::StatusCode::SERVICE_UNAVAILABLE, "store-full"));
+    /// assert!(r.is_store_full() && !r.is_store_unavailable());
+    /// assert_eq!(r.retry_after(), Some(std::time::Duration::from_secs(2)));
+    /// assert_eq!(r.grpc_code(), 8); // RESOURCE_EXHAUSTED
+    /// ```
+    #[must_use]
+    pub fn store_full(after: Duration) -> Self {
+        Self::of(
+            Problem::StoreFull,
+            "the idempotency store is full, so this new key was not recorded and the request was not executed; retry with the same key after the time given in Retry-After",
+        )
+        .with_retry_after(after)
+    }
+
     /// 500 `record-unreadable`: a completed record exists but cannot be decoded.
     #[must_use]
     pub fn record_unreadable(why: impl fmt::Display) -> Self {
@@ -247,7 +268,7 @@ impl Rejection {
         &self.detail
     }
 
-    /// The `Retry-After` sent with `in-progress` and `store-unavailable`.
+    /// The `Retry-After` sent with `in-progress`, `store-unavailable` and `store-full`.
     #[must_use]
     pub const fn retry_after(&self) -> Option<Duration> {
         self.retry_after
@@ -269,6 +290,12 @@ impl Rejection {
     #[must_use]
     pub fn is_store_unavailable(&self) -> bool {
         self.problem == Problem::StoreUnavailable
+    }
+
+    /// `true` for `store-full` (503).
+    #[must_use]
+    pub fn is_store_full(&self) -> bool {
+        self.problem == Problem::StoreFull
     }
 
     /// `true` for `missing-key` and `invalid-key`.
@@ -323,6 +350,7 @@ impl Rejection {
     /// | `store-unavailable` | `UNAVAILABLE` (14): retryable, nothing ran |
     /// | `admin-request-invalid`, `record-not-found`, `operation-unsupported` (admin service) | `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `UNIMPLEMENTED` (12) |
     /// | `body-too-large` | `RESOURCE_EXHAUSTED` (8), as gRPC answers a message over its limit |
+    /// | `store-full` | `RESOURCE_EXHAUSTED` (8): the store's bound is reached; retryable later, nothing ran |
     /// | `body-timeout` | `DEADLINE_EXCEEDED` (4) |
     /// | `response-not-stored` | `FAILED_PRECONDITION` (9): it ran, its answer cannot be replayed |
     /// | `scope-rejected`, `signature-rejected` | `UNAUTHENTICATED` (16) |

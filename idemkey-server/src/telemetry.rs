@@ -48,6 +48,8 @@ pub(crate) enum Decision {
     FailOpen,
     /// The store failed and the engine fails closed: `503 store-unavailable`.
     StoreUnavailable,
+    /// The store is at its bound and refused a new key: `503 store-full`.
+    StoreFull,
     /// No key, and none required (or a method the layer steps aside for): passed
     /// through.
     Unkeyed,
@@ -56,7 +58,7 @@ pub(crate) enum Decision {
 impl Decision {
     /// Every decision, in declaration order (its slot in [`ServerMetrics`]).
     #[cfg(feature = "metrics")]
-    const ALL: [Self; 9] = [
+    const ALL: [Self; 10] = [
         Self::Fresh,
         Self::Takeover,
         Self::Replay,
@@ -65,6 +67,7 @@ impl Decision {
         Self::Rejected,
         Self::FailOpen,
         Self::StoreUnavailable,
+        Self::StoreFull,
         Self::Unkeyed,
     ];
 
@@ -79,6 +82,7 @@ impl Decision {
             Self::Rejected => "rejected",
             Self::FailOpen => "fail_open",
             Self::StoreUnavailable => "store_unavailable",
+            Self::StoreFull => "store_full",
             Self::Unkeyed => "unkeyed",
         }
     }
@@ -93,6 +97,7 @@ impl Decision {
             Ok(Claimed::InProgress { .. }) => Self::InProgress,
             Ok(Claimed::KeyReused) => Self::KeyReused,
             Ok(Claimed::Unguarded) => Self::FailOpen,
+            Err(e) if e.is_store_full() => Self::StoreFull,
             Err(_) => Self::StoreUnavailable,
         }
     }

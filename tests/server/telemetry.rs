@@ -107,6 +107,72 @@ async fn a_replay_is_counted_and_its_span_names_the_record_never_the_key() {
 }
 
 #[tokio::test]
+async fn a_full_memory_store_is_counted_and_its_fill_reported() {
+    let (spans, _spans) = capture_spans();
+    let metrics = Metrics::capture();
+    // Built after the recorder: its gauges are resolved in it.
+    let store = MemoryStore::builder()
+        .max_records(1)
+        .max_bytes(1 << 20)
+        .build()
+        .expect("bounds");
+    let app = ChargeApp::new();
+    let server = verifier(Engine::new(store.clone()), &app).await;
+    let url = server.url("/v1/charges");
+
+    let first = post_json(&http(), &url, Some("fill-1"), r#"{"amount":1}"#).await;
+    assert_eq!(first.status(), 200);
+    let refused = post_json(&http(), &url, Some("fill-2"), r#"{"amount":1}"#).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(app.executions().count(), 1);
+
+    let m = metrics.snapshot();
+    assert_eq!(m.counter(REQUESTS, &[("decision", "fresh")]), 1);
+    assert_eq!(m.counter(REQUESTS, &[("decision", "store_full")]), 1);
+    assert_eq!(m.counter(REQUESTS, &[("decision", "store_unavailable")]), 0);
+    let full = [
+        ("store", "memory"),
+        ("operation", "claim"),
+        ("error", "full"),
+    ];
+    assert_eq!(m.counter("idemkey_store_errors_total", &full), 1);
+    assert_eq!(m.gauge("idemkey_store_memory_records", &[]), Some(1.0));
+    #[allow(clippy::cast_precision_loss, reason = "a few hundred bytes")]
+    let bytes = store.stored_bytes() as f64;
+    assert!(bytes > 0.0);
+    assert_eq!(m.gauge("idemkey_store_memory_bytes", &[]), Some(bytes));
+    assert_eq!(m.gauge("idemkey_store_memory_max_records", &[]), Some(1.0));
+    assert_eq!(
+        m.gauge("idemkey_store_memory_max_bytes", &[]),
+        Some(f64::from(1_u32 << 20))
+    );
+
+    let decisions: Vec<_> = spans
+        .named("idemkey.request")
+        .iter()
+        .map(|s| {
+            (
+                s.field("idemkey.decision").to_owned(),
+                s.field("http.response.status_code").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            ("fresh".to_owned(), "200".to_owned()),
+            ("store_full".to_owned(), "503".to_owned())
+        ]
+    );
+    let errors: Vec<_> = spans
+        .named("idemkey.store")
+        .iter()
+        .filter_map(|s| s.fields.get("error.type").cloned())
+        .collect();
+    assert_eq!(errors, ["full"]);
+}
+
+#[tokio::test]
 async fn a_reused_key_and_a_rejection_are_counted() {
     let (spans, _spans) = capture_spans();
     let metrics = Metrics::capture();

@@ -16,6 +16,8 @@ mod support;
 mod charge_server_stores;
 #[cfg(feature = "test-util")]
 mod conformance_catches;
+#[cfg(feature = "test-util")]
+mod memory_bound;
 #[cfg(all(feature = "test-util", feature = "redis"))]
 mod redis_failover;
 #[cfg(all(feature = "test-util", feature = "redis"))]

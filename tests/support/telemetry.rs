@@ -166,6 +166,15 @@ impl Snapshot {
             .sum()
     }
 
+    /// The value of the gauge `name` with labels including `labels` (`None` when not
+    /// emitted).
+    pub(crate) fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.find(name, labels).into_iter().next().map(|v| match v {
+            metrics_util::debugging::DebugValue::Gauge(g) => g.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+    }
+
     /// The samples of the histograms `name` whose labels include `labels`.
     pub(crate) fn histogram(&self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         self.find(name, labels)

@@ -121,6 +121,14 @@ pub const STORE_ERRORS: &str = "idemkey_store_errors_total";
 #[doc(hidden)]
 pub const STORE_REDIS_EVICTED_KEYS: &str = "idemkey_store_redis_evicted_keys_total";
 #[doc(hidden)]
+pub const STORE_MEMORY_RECORDS: &str = "idemkey_store_memory_records";
+#[doc(hidden)]
+pub const STORE_MEMORY_BYTES: &str = "idemkey_store_memory_bytes";
+#[doc(hidden)]
+pub const STORE_MEMORY_MAX_RECORDS: &str = "idemkey_store_memory_max_records";
+#[doc(hidden)]
+pub const STORE_MEMORY_MAX_BYTES: &str = "idemkey_store_memory_max_bytes";
+#[doc(hidden)]
 pub const CLIENT_CALLS: &str = "idemkey_client_calls_total";
 #[doc(hidden)]
 pub const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
@@ -143,7 +151,7 @@ pub const CLIENT_BUDGET_EXHAUSTED: &str = "idemkey_client_retry_budget_exhausted
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
-    use metrics::{Unit, describe_counter, describe_histogram};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         SERVER_REQUESTS,
         Unit::Count,
@@ -179,6 +187,26 @@ pub fn describe_metrics() {
         STORE_REDIS_EVICTED_KEYS,
         Unit::Count,
         "Keys a Redis holding idempotency records evicted since it started (INFO stats)"
+    );
+    describe_gauge!(
+        STORE_MEMORY_RECORDS,
+        Unit::Count,
+        "Records held by the memory stores (expired ones not swept yet included)"
+    );
+    describe_gauge!(
+        STORE_MEMORY_BYTES,
+        Unit::Bytes,
+        "Bytes counted for the records of the memory stores"
+    );
+    describe_gauge!(
+        STORE_MEMORY_MAX_RECORDS,
+        Unit::Count,
+        "The memory stores' bound of records"
+    );
+    describe_gauge!(
+        STORE_MEMORY_MAX_BYTES,
+        Unit::Bytes,
+        "The memory stores' budget of bytes"
     );
     describe_counter!(CLIENT_CALLS, Unit::Count, "Logical client calls by outcome");
     describe_histogram!(

@@ -18,7 +18,12 @@ use super::{
 /// The shortest time between two automatic sweeps, in microseconds of store time.
 const SWEEP_INTERVAL_US: u64 = 5_000_000;
 
-/// An in-memory store: fast, shared by every clone, and lost when the process exits.
+/// The shortest time between two sweeps started because the store was full, in
+/// microseconds of store time.
+const FULL_SWEEP_INTERVAL_US: u64 = 1_000_000;
+
+/// An in-memory store: fast, shared by every clone, bounded, and lost when the process
+/// exits.
 ///
 /// Concurrent without a global lock (a sharded map: claims on different records do not
 /// contend). Expired records are swept by [`Store::sweep`], and automatically at most
@@ -33,6 +38,27 @@ const SWEEP_INTERVAL_US: u64 = 5_000_000;
 /// Use it for a single process, and in tests; use Redis or PostgreSQL when several
 /// instances must agree, SQLite when records must survive a restart.
 ///
+/// # Bounds
+///
+/// The store holds at most [`max_records`](MemoryStoreBuilder::max_records) records
+/// and counts at most [`max_bytes`](MemoryStoreBuilder::max_bytes) bytes; by default
+/// [`MemoryStore::DEFAULT_MAX_RECORDS`] (1,000,000) and
+/// [`MemoryStore::DEFAULT_MAX_BYTES`] (512 MiB), so that a flood of unique keys cannot
+/// grow the process until the kernel kills it. A record counts
+/// [`MemoryStore::RECORD_OVERHEAD`] bytes plus its fingerprint and its payload (the
+/// stored response); expired records not swept yet count until the sweep removes them.
+///
+/// When a bound is reached, a claim of a **new** record fails with
+/// [`StoreError::is_full`] (the verifier answers `503 store-full` with `Retry-After`)
+/// and starts a sweep in the background (at most one a second), so that expired records
+/// free their room for the retry; no claim scans the map on its own path. No live record
+/// is ever evicted to make room. Everything about existing records keeps working: a
+/// claim that finds a record (a replay, a duplicate of a running request, a reused
+/// key), the takeover of an expired record (it replaces it, adding no record), and the
+/// complete, renew and release of claims already made. A completion is never refused
+/// for room (an executed outcome is never lost), so the counted bytes may pass
+/// `max_bytes` by the responses of the claims that were running when the store filled.
+///
 /// ```
 /// use idemkey::store::{MemoryStore, Store, ClaimRequest, Claim, FencingToken, RecordId};
 /// use std::time::Duration;
@@ -44,11 +70,109 @@ const SWEEP_INTERVAL_US: u64 = 5_000_000;
 /// let claim = store.claim(ClaimRequest { id: &id, fingerprint: b"fp", token, lease, retention }).await?;
 /// assert_eq!(claim, Claim::Acquired { takeover: false });
 /// store.complete(&id, token, "stored".into(), retention).await?;
+/// assert_eq!(store.max_records(), MemoryStore::DEFAULT_MAX_RECORDS);
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
+}
+
+/// The default bounds, the bytes counted per record, and the builder.
+impl MemoryStore {
+    /// The default bound of the number of records: 1,000,000 (about 430 MiB of a
+    /// process for small responses: idemkey's `memory_per_record` program measured
+    /// 340 to 450 bytes per completed record).
+    pub const DEFAULT_MAX_RECORDS: u64 = 1_000_000;
+
+    /// The default budget of bytes: 512 MiB, counted as [`MemoryStore::RECORD_OVERHEAD`]
+    /// plus the fingerprint and the payload of every record.
+    pub const DEFAULT_MAX_BYTES: u64 = 512 * 1024 * 1024;
+
+    /// The bytes a record counts besides its fingerprint and payload: its map entry
+    /// (112 bytes), the room the map keeps free for it (a shard doubles when 7/8 full),
+    /// and the allocations behind its fingerprint and payload. An estimate on the high
+    /// side of what `memory_per_record` measures, so that the byte budget bounds the
+    /// memory the process really uses.
+    pub const RECORD_OVERHEAD: u64 = 256;
+
+    /// A store with bounds other than the defaults.
+    ///
+    /// ```
+    /// use idemkey::store::MemoryStore;
+    /// let store = MemoryStore::builder().max_records(100_000).max_bytes(64 << 20).build()?;
+    /// assert_eq!((store.max_records(), store.max_bytes()), (100_000, 64 << 20));
+    /// let err = MemoryStore::builder().max_records(0).build().expect_err("zero records");
+    /// assert!(err.is_configuration() && err.to_string().contains("max_records"));
+    /// # Ok::<(), idemkey::store::StoreError>(())
+    /// ```
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_records: Self::DEFAULT_MAX_RECORDS,
+            max_bytes: Self::DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// Configures a [`MemoryStore`]'s bounds; start with [`MemoryStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    max_records: u64,
+    max_bytes: u64,
+}
+
+impl MemoryStoreBuilder {
+    /// The most records the store holds (default
+    /// [`MemoryStore::DEFAULT_MAX_RECORDS`]); at least 1. Expired records count until a
+    /// sweep removes them.
+    pub fn max_records(mut self, n: u64) -> Self {
+        self.max_records = n;
+        self
+    }
+
+    /// The most bytes the store counts (default [`MemoryStore::DEFAULT_MAX_BYTES`]):
+    /// [`MemoryStore::RECORD_OVERHEAD`] plus the fingerprint and the payload of each
+    /// record; at least one record's overhead. Checked when a new record is claimed; a
+    /// completion is never refused, so the count may pass the budget by the responses
+    /// of the claims running when it filled.
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// The store.
+    ///
+    /// # Errors
+    /// [`StoreError::is_configuration`] when `max_records` is 0 or `max_bytes` is less
+    /// than [`MemoryStore::RECORD_OVERHEAD`] (no record would fit); the message names
+    /// the setting.
+    pub fn build(self) -> Result<MemoryStore, StoreError> {
+        if self.max_records == 0 {
+            return Err(StoreError::configuration(
+                "the memory store's max_records is 0, so it could hold no record: use a positive number of records",
+            ));
+        }
+        if self.max_bytes < MemoryStore::RECORD_OVERHEAD {
+            return Err(StoreError::configuration(format!(
+                "the memory store's max_bytes is {} bytes, less than one record's overhead ({} bytes), so it could hold no record: use at least a few KiB (a few hundred bytes per record plus the stored responses)",
+                self.max_bytes,
+                MemoryStore::RECORD_OVERHEAD
+            )));
+        }
+        Ok(MemoryStore {
+            inner: Arc::new(Inner::new(Limits {
+                records: self.max_records,
+                bytes: self.max_bytes,
+            })),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    records: u64,
+    bytes: u64,
 }
 
 struct Inner {
@@ -57,22 +181,180 @@ struct Inner {
     settlements: Settlements,
     /// Store time after which the next claim starts a sweep.
     next_sweep_us: AtomicU64,
+    /// Store time after which a claim refused for room may start another sweep.
+    next_full_sweep_us: AtomicU64,
     /// Store time zero: every time a record keeps is microseconds since this instant.
     epoch: Instant,
     /// The wall-clock time at `epoch`, for [`RecordInfo`]'s times (one fixed pair, so
     /// a record shows the same times at every look).
     epoch_wall: SystemTime,
+    limits: Limits,
+    /// Records in the map (expired ones not swept yet included), changed under the
+    /// lock of the shard of the record that comes or goes.
+    used_records: AtomicU64,
+    /// Bytes counted for them ([`MemoryStore::RECORD_OVERHEAD`] + fingerprint +
+    /// payload each).
+    used_bytes: AtomicU64,
+    #[cfg(feature = "metrics")]
+    gauges: Gauges,
 }
 
 impl Default for Inner {
     fn default() -> Self {
+        Self::new(Limits {
+            records: MemoryStore::DEFAULT_MAX_RECORDS,
+            bytes: MemoryStore::DEFAULT_MAX_BYTES,
+        })
+    }
+}
+
+/// Why a new record was refused: the bound reached.
+enum Full {
+    Records,
+    Bytes,
+}
+
+impl Inner {
+    fn new(limits: Limits) -> Self {
         Self {
             records: DashMap::default(),
             settlements: Settlements::default(),
             next_sweep_us: AtomicU64::new(SWEEP_INTERVAL_US),
+            next_full_sweep_us: AtomicU64::new(0),
             epoch: Instant::now(),
             epoch_wall: SystemTime::now(),
+            limits,
+            used_records: AtomicU64::new(0),
+            used_bytes: AtomicU64::new(0),
+            #[cfg(feature = "metrics")]
+            gauges: Gauges::new(limits),
         }
+    }
+
+    /// Makes room for a new record of `cost` bytes, or says which bound is reached.
+    ///
+    /// One atomic add per count (no compare-and-swap loop on the claim's path), taken
+    /// back when over: at the bound, a claim may be refused by the overshoot of another
+    /// refused at the same moment, never admitted past it.
+    fn reserve(&self, cost: u64) -> Result<(), Full> {
+        let limits = self.limits;
+        if self.used_records.fetch_add(1, Ordering::Relaxed) >= limits.records {
+            sub(&self.used_records, 1);
+            return Err(Full::Records);
+        }
+        if self
+            .used_bytes
+            .fetch_add(cost, Ordering::Relaxed)
+            .saturating_add(cost)
+            > limits.bytes
+        {
+            sub(&self.used_bytes, cost);
+            sub(&self.used_records, 1);
+            return Err(Full::Bytes);
+        }
+        #[cfg(feature = "metrics")]
+        self.gauges.add(1, cost);
+        Ok(())
+    }
+
+    /// A record grew by `bytes` (completed), whatever the budget.
+    fn grow(&self, bytes: u64) {
+        add(&self.used_bytes, bytes);
+        #[cfg(feature = "metrics")]
+        self.gauges.add(0, bytes);
+    }
+
+    /// `records` records of `bytes` bytes in all left the map.
+    fn shrink(&self, records: u64, bytes: u64) {
+        sub(&self.used_records, records);
+        sub(&self.used_bytes, bytes);
+        #[cfg(feature = "metrics")]
+        self.gauges.sub(records, bytes);
+    }
+
+    /// A record of `old` bytes was replaced by one of `new` bytes (a takeover).
+    fn replace(&self, old: u64, new: u64) {
+        if new >= old {
+            self.grow(new - old);
+        } else {
+            self.shrink(0, old - new);
+        }
+    }
+}
+
+/// `a += n` (a count of bytes in memory stays far below `u64::MAX`).
+fn add(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// `a -= n`, never below zero.
+fn sub(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
+/// The fill gauges (feature `metrics`): the records and bytes of every memory store of
+/// the process, and their bounds, added up (each store adds its own and takes them
+/// back when dropped). Resolved in the recorder current when the store is built.
+#[cfg(feature = "metrics")]
+struct Gauges {
+    records: metrics::Gauge,
+    bytes: metrics::Gauge,
+    max_records: metrics::Gauge,
+    max_bytes: metrics::Gauge,
+    limits: Limits,
+}
+
+#[cfg(feature = "metrics")]
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "gauges are f64; counts beyond 2^53 lose precision, not meaning"
+)]
+impl Gauges {
+    fn new(limits: Limits) -> Self {
+        use idemkey_core::telemetry as names;
+        let gauges = Self {
+            records: metrics::gauge!(names::STORE_MEMORY_RECORDS),
+            bytes: metrics::gauge!(names::STORE_MEMORY_BYTES),
+            max_records: metrics::gauge!(names::STORE_MEMORY_MAX_RECORDS),
+            max_bytes: metrics::gauge!(names::STORE_MEMORY_MAX_BYTES),
+            limits,
+        };
+        gauges.max_records.increment(limits.records as f64);
+        gauges.max_bytes.increment(limits.bytes as f64);
+        gauges
+    }
+
+    fn add(&self, records: u64, bytes: u64) {
+        if records > 0 {
+            self.records.increment(records as f64);
+        }
+        self.bytes.increment(bytes as f64);
+    }
+
+    fn sub(&self, records: u64, bytes: u64) {
+        if records > 0 {
+            self.records.decrement(records as f64);
+        }
+        self.bytes.decrement(bytes as f64);
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Inner {
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "gauges are f64; counts beyond 2^53 lose precision, not meaning"
+    )]
+    fn drop(&mut self) {
+        let g = &self.gauges;
+        g.sub(
+            self.used_records.load(Ordering::Relaxed),
+            self.used_bytes.load(Ordering::Relaxed),
+        );
+        g.max_records.decrement(g.limits.records as f64);
+        g.max_bytes.decrement(g.limits.bytes as f64);
     }
 }
 
@@ -121,6 +403,18 @@ impl Record {
         }
     }
 
+    /// The bytes the record counts against the budget ([`MemoryStore::RECORD_OVERHEAD`]
+    /// + fingerprint + payload).
+    fn cost(&self) -> u64 {
+        let payload = match &self.state {
+            State::InProgress { .. } => 0,
+            State::Completed(p) => p.len(),
+        };
+        MemoryStore::RECORD_OVERHEAD
+            .saturating_add(self.fingerprint.len() as u64)
+            .saturating_add(payload as u64)
+    }
+
     fn held_by(&self, token: [u64; 2], now: u64) -> bool {
         matches!(self.state, State::InProgress { token: t, .. } if t == token)
             && self.kept_until() > now
@@ -128,10 +422,59 @@ impl Record {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store with the default bounds ([`MemoryStore::DEFAULT_MAX_RECORDS`],
+    /// [`MemoryStore::DEFAULT_MAX_BYTES`]).
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The store a `memory` connection string names (see [`open`](super::open)):
+    /// `memory`, `memory://`, or `memory://?max_records=N&max_bytes=SIZE` with either
+    /// parameter or both. `N` is a positive integer; `SIZE` a positive integer of bytes,
+    /// or one followed by a unit: `B`, `KB`, `MB`, `GB` (powers of 1000), `KiB`, `MiB`,
+    /// `GiB` (powers of 1024), in any case. What is not given keeps its default.
+    ///
+    /// ```
+    /// use idemkey::store::MemoryStore;
+    /// let store = MemoryStore::from_url("memory://?max_records=100000&max_bytes=256MiB")?;
+    /// assert_eq!((store.max_records(), store.max_bytes()), (100_000, 256 << 20));
+    /// let err = MemoryStore::from_url("memory://?max_bytes=lots").expect_err("no size");
+    /// assert!(err.is_configuration() && err.to_string().contains("max_bytes"));
+    /// # Ok::<(), idemkey::store::StoreError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::is_configuration`], naming the parameter and what is accepted, for
+    /// an unknown or repeated parameter, a value that is zero, negative or not a number
+    /// (or size), a host or path after `memory://`, or another scheme.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        super::open::memory_settings(url)?.build()
+    }
+
+    /// The most records the store holds ([`MemoryStoreBuilder::max_records`]).
+    #[must_use]
+    pub fn max_records(&self) -> u64 {
+        self.inner.limits.records
+    }
+
+    /// The most bytes the store counts ([`MemoryStoreBuilder::max_bytes`]).
+    #[must_use]
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.limits.bytes
+    }
+
+    /// The bytes counted for the records held now (expired ones not yet swept
+    /// included): [`MemoryStore::RECORD_OVERHEAD`] plus the fingerprint and the payload
+    /// of each.
+    ///
+    /// ```
+    /// use idemkey::store::MemoryStore;
+    /// assert_eq!(MemoryStore::new().stored_bytes(), 0);
+    /// ```
+    #[must_use]
+    pub fn stored_bytes(&self) -> u64 {
+        self.inner.used_bytes.load(Ordering::Relaxed)
     }
 
     /// The number of records held, expired ones not yet swept included.
@@ -154,13 +497,23 @@ impl MemoryStore {
 
     fn sweep_now(&self) -> u64 {
         let now = self.now();
-        let before = self.inner.records.len();
-        self.inner.records.retain(|_, r| r.kept_until() > now);
+        let mut removed = 0_u64;
+        // Counted down as each record leaves, under its shard's lock: once a sweep
+        // returned, whatever it (or a concurrent sweep) removed is off the counts.
+        self.inner.records.retain(|_, r| {
+            let keep = r.kept_until() > now;
+            if !keep {
+                removed += 1;
+                self.inner.shrink(1, r.cost());
+            }
+            keep
+        });
         self.inner.settlements.prune();
-        before.saturating_sub(self.inner.records.len()) as u64
+        removed
     }
 
-    fn claim_at(&self, req: &ClaimRequest<'_>, now: u64) -> Claim {
+    /// The claim, or `Err` when it needs a new record and the store is full.
+    fn claim_at(&self, req: &ClaimRequest<'_>, now: u64) -> Result<Claim, Full> {
         let fresh = || Record {
             fingerprint: Bytes::copy_from_slice(req.fingerprint),
             created: now,
@@ -170,17 +523,26 @@ impl MemoryStore {
                 retention: micros(req.retention),
             },
         };
-        match self.inner.records.entry(*req.id) {
+        // Under the lock of the record's shard: the room is reserved (or the old record's
+        // bytes traded) as the record comes, so no count misses a record.
+        Ok(match self.inner.records.entry(*req.id) {
             Entry::Vacant(v) => {
-                v.insert(fresh());
+                let record = fresh();
+                self.inner.reserve(record.cost())?;
+                v.insert(record);
                 Claim::Acquired { takeover: false }
             }
             Entry::Occupied(mut o) => {
                 let r = o.get();
                 if r.expires <= now {
+                    // Replaces an expired record: no record is added, so a full store
+                    // allows it.
                     let takeover = matches!(r.state, State::InProgress { .. });
-                    o.insert(fresh());
-                    return Claim::Acquired { takeover };
+                    let old = r.cost();
+                    let record = fresh();
+                    self.inner.replace(old, record.cost());
+                    o.insert(record);
+                    return Ok(Claim::Acquired { takeover });
                 }
                 match &r.state {
                     State::InProgress { .. } => Claim::InProgress {
@@ -193,7 +555,58 @@ impl MemoryStore {
                     },
                 }
             }
+        })
+    }
+
+    /// A claim was refused for room: starts a sweep in the background, so that expired
+    /// records free their room for the retry, at most once a second (never a scan on
+    /// the request's path).
+    fn sweep_when_full(&self, now: u64) {
+        let due = self.inner.next_full_sweep_us.load(Ordering::Relaxed);
+        if now < due
+            || self
+                .inner
+                .next_full_sweep_us
+                .compare_exchange(
+                    due,
+                    now.saturating_add(FULL_SWEEP_INTERVAL_US),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
         }
+        self.sweep_in_background();
+    }
+
+    /// Sweeps on tokio's blocking pool, or here without a runtime.
+    fn sweep_in_background(&self) {
+        let store = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || store.sweep_now());
+            }
+            Err(_) => {
+                store.sweep_now();
+            }
+        }
+    }
+
+    /// The error of a claim refused for room.
+    fn full(&self, full: &Full) -> StoreError {
+        let limits = self.inner.limits;
+        StoreError::full(match full {
+            Full::Records => format!(
+                "the memory store holds its max_records of {} records",
+                limits.records
+            ),
+            Full::Bytes => format!(
+                "the memory store's records count {} of its max_bytes of {} bytes, with no room for another",
+                self.stored_bytes(),
+                limits.bytes
+            ),
+        })
     }
 
     /// Starts a background sweep when the interval has passed. A scan of the whole map
@@ -215,15 +628,7 @@ impl MemoryStore {
         {
             return;
         }
-        let store = self.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn_blocking(move || store.sweep_now());
-            }
-            Err(_) => {
-                store.sweep_now();
-            }
-        }
+        self.sweep_in_background();
     }
 
     /// Applies `f` to the record held by `token` (its lease expired or not, rule 3), or
@@ -280,7 +685,10 @@ impl Store for MemoryStore {
         let claim = self.claim_at(&req, now);
         // After the claim, so a claim never races the sweep it starts.
         self.sweep_if_due(now);
-        Ok(claim)
+        claim.map_err(|full| {
+            self.sweep_when_full(now);
+            self.full(&full)
+        })
     }
 
     async fn complete(
@@ -293,6 +701,8 @@ impl Store for MemoryStore {
         self.with_owned(id, token, |e, now| {
             if let Entry::Occupied(mut e) = e {
                 let r = e.get_mut();
+                // Never refused for room: the outcome of an execution is not lost.
+                self.inner.grow(payload.len() as u64);
                 r.state = State::Completed(payload);
                 r.expires = now.saturating_add(micros(retention));
             }
@@ -317,7 +727,8 @@ impl Store for MemoryStore {
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         self.with_owned(id, token, |e, _| {
             if let Entry::Occupied(e) = e {
-                e.remove();
+                let (_, r) = e.remove_entry();
+                self.inner.shrink(1, r.cost());
             }
         })?;
         self.inner.settlements.notify(id);
@@ -339,11 +750,10 @@ impl Store for MemoryStore {
 
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
         let now = self.now();
-        let removed = self
-            .inner
-            .records
-            .remove(id)
-            .is_some_and(|(_, r)| r.kept_until() > now);
+        let removed = self.inner.records.remove(id).is_some_and(|(_, r)| {
+            self.inner.shrink(1, r.cost());
+            r.kept_until() > now
+        });
         self.inner.settlements.notify(id);
         Ok(removed)
     }
@@ -374,6 +784,9 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
+            .field("stored_bytes", &self.stored_bytes())
+            .field("max_records", &self.max_records())
+            .field("max_bytes", &self.max_bytes())
             .finish()
     }
 }
@@ -517,5 +930,301 @@ mod sweep_tests {
             std::mem::size_of::<(RecordId, Record)>() <= 112,
             "a map entry grew"
         );
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    const FP: &[u8] = b"fingerprint";
+
+    fn bounded(records: u64, bytes: u64) -> MemoryStore {
+        MemoryStore::builder()
+            .max_records(records)
+            .max_bytes(bytes)
+            .build()
+            .expect("valid bounds")
+    }
+
+    async fn claim(
+        store: &MemoryStore,
+        key: &str,
+        lease: Duration,
+    ) -> (FencingToken, Result<Claim, StoreError>) {
+        let id = RecordId::new("t", key);
+        let token = FencingToken::random();
+        let claim = store
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint: FP,
+                token,
+                lease,
+                retention: Duration::ZERO,
+            })
+            .await;
+        (token, claim)
+    }
+
+    /// What one in-progress record counts.
+    const CLAIMED: u64 = MemoryStore::RECORD_OVERHEAD + FP.len() as u64;
+
+    #[tokio::test]
+    async fn bytes_follow_claims_completions_and_releases() {
+        let store = bounded(10, 1 << 20);
+        let lease = Duration::from_secs(60);
+        let (a, _) = claim(&store, "a", lease).await;
+        let (b, _) = claim(&store, "b", lease).await;
+        assert_eq!(store.stored_bytes(), 2 * CLAIMED);
+        let id_a = RecordId::new("t", "a");
+        store
+            .complete(&id_a, a, Bytes::from_static(b"12345"), lease)
+            .await
+            .expect("complete");
+        assert_eq!(store.stored_bytes(), 2 * CLAIMED + 5);
+        store
+            .renew(&RecordId::new("t", "b"), b, lease)
+            .await
+            .expect("renew");
+        assert_eq!(
+            store.stored_bytes(),
+            2 * CLAIMED + 5,
+            "a renew changes nothing"
+        );
+        store
+            .release(&RecordId::new("t", "b"), b)
+            .await
+            .expect("release");
+        assert_eq!(store.stored_bytes(), CLAIMED + 5);
+        // A fenced release changes nothing.
+        assert!(store.release(&RecordId::new("t", "b"), b).await.is_err());
+        assert_eq!(store.stored_bytes(), CLAIMED + 5);
+        assert!(store.force_release(&id_a).await.expect("force release"));
+        assert!(!store.force_release(&id_a).await.expect("gone"));
+        assert_eq!(store.stored_bytes(), 0);
+        assert_eq!(store.inner.used_records.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_store_refuses_new_keys_only_and_sweeps_free_room() {
+        let store = bounded(2, 1 << 20);
+        let (a, _) = claim(&store, "a", Duration::from_secs(60)).await;
+        let (_, short) = claim(&store, "short", Duration::from_secs(1)).await;
+        assert_eq!(short.expect("room"), Claim::Acquired { takeover: false });
+        // The expired claim is taken over though the store is full: it adds no record.
+        // (Before any refusal: a refused claim starts a sweep that could remove it.)
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (_, takeover) = claim(&store, "short", Duration::from_secs(1)).await;
+        assert_eq!(
+            takeover.expect("takeover"),
+            Claim::Acquired { takeover: true }
+        );
+        assert_eq!(store.stored_bytes(), 2 * CLAIMED);
+        let (_, refused) = claim(&store, "c", Duration::from_secs(60)).await;
+        let err = refused.expect_err("full");
+        assert!(err.is_full() && !err.is_unavailable(), "{err}");
+        assert!(err.to_string().contains("max_records of 2"), "{err}");
+        // An existing record is still answered, and its owner still completes it,
+        // payload and all, past the room the claim left.
+        let (_, dup) = claim(&store, "a", Duration::from_secs(60)).await;
+        assert!(matches!(dup, Ok(Claim::InProgress { .. })), "{dup:?}");
+        let big = Bytes::from(vec![7_u8; 4096]);
+        store
+            .complete(&RecordId::new("t", "a"), a, big, Duration::from_secs(60))
+            .await
+            .expect("a completion is never refused for room");
+        let (_, replay) = claim(&store, "a", Duration::from_secs(60)).await;
+        assert!(matches!(replay, Ok(Claim::Completed { .. })), "{replay:?}");
+        // Once the short claim expires again and is swept (by this sweep or the one
+        // the refusal started), a new key fits.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(store.sweep().await.expect("sweep") <= 1);
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.stored_bytes(), CLAIMED + 4096);
+        let (_, fits) = claim(&store, "c", Duration::from_secs(60)).await;
+        assert_eq!(
+            fits.expect("room again"),
+            Claim::Acquired { takeover: false }
+        );
+    }
+
+    #[tokio::test]
+    async fn the_byte_budget_refuses_a_record_that_would_not_fit() {
+        let store = bounded(100, 2 * CLAIMED + 10);
+        let lease = Duration::from_secs(60);
+        let (a, _) = claim(&store, "a", lease).await;
+        let (_, b) = claim(&store, "b", lease).await;
+        assert!(b.is_ok());
+        let (_, c) = claim(&store, "c", lease).await;
+        let err = c.expect_err("over the byte budget");
+        assert!(
+            err.is_full() && err.to_string().contains("max_bytes"),
+            "{err}"
+        );
+        // The refused claim took nothing: the counts are those of two records.
+        assert_eq!(store.stored_bytes(), 2 * CLAIMED);
+        assert_eq!(store.inner.used_records.load(Ordering::Relaxed), 2);
+        store
+            .release(&RecordId::new("t", "a"), a)
+            .await
+            .expect("release");
+        let (_, c) = claim(&store, "c", lease).await;
+        assert!(c.is_ok(), "a release frees its room");
+    }
+
+    #[tokio::test]
+    async fn counts_never_underflow() {
+        let store = bounded(1, 1 << 20);
+        store.inner.shrink(5, 1_000_000);
+        assert_eq!(store.stored_bytes(), 0);
+        assert_eq!(store.inner.used_records.load(Ordering::Relaxed), 0);
+        store.inner.replace(10, 0);
+        assert_eq!(store.stored_bytes(), 0);
+        let (_, a) = claim(&store, "a", Duration::from_secs(1)).await;
+        assert!(a.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_claims_never_pass_the_bound() {
+        let store = bounded(50, 1 << 20);
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut won = 0_u64;
+                    for i in 0..100 {
+                        let (_, c) =
+                            claim(&store, &format!("{t}-{i}"), Duration::from_secs(60)).await;
+                        match c {
+                            Ok(Claim::Acquired { .. }) => won += 1,
+                            Err(e) if e.is_full() => {}
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        let mut won = 0;
+        for t in tasks {
+            won += t.await.expect("task");
+        }
+        assert_eq!(won, 50);
+        assert_eq!(store.len(), 50);
+        assert_eq!(store.inner.used_records.load(Ordering::Relaxed), 50);
+        assert_eq!(store.stored_bytes(), 50 * CLAIMED);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_refused_for_room_sweeps_expired_records_in_the_background() {
+        let store = bounded(3, 1 << 20);
+        for k in ["a", "b", "c"] {
+            let (_, c) = claim(&store, k, Duration::from_secs(1)).await;
+            assert!(c.is_ok());
+        }
+        // Past their lease (and their retention of zero), not swept yet.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(store.len(), 3);
+        let (_, refused) = claim(&store, "d", Duration::from_secs(60)).await;
+        assert!(refused.expect_err("full").is_full());
+        // Bounded: the sweep runs on the blocking pool.
+        for _ in 0..1000 {
+            if store.is_empty() {
+                break;
+            }
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(store.is_empty(), "the refused claim started a sweep");
+        assert_eq!(store.stored_bytes(), 0);
+        let (_, retry) = claim(&store, "d", Duration::from_secs(60)).await;
+        assert!(retry.is_ok(), "the retry finds the room");
+    }
+
+    #[test]
+    fn bounds_that_hold_no_record_are_refused() {
+        let err = MemoryStore::builder()
+            .max_records(0)
+            .build()
+            .expect_err("0 records");
+        assert!(
+            err.is_configuration() && err.to_string().contains("max_records"),
+            "{err}"
+        );
+        let err = MemoryStore::builder()
+            .max_bytes(10)
+            .build()
+            .expect_err("10 bytes");
+        assert!(
+            err.is_configuration() && err.to_string().contains("max_bytes"),
+            "{err}"
+        );
+        let store = MemoryStore::new();
+        assert_eq!(
+            (store.max_records(), store.max_bytes()),
+            (
+                MemoryStore::DEFAULT_MAX_RECORDS,
+                MemoryStore::DEFAULT_MAX_BYTES
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn memory_urls_set_the_bounds_or_say_what_is_wrong() {
+        for (url, records, bytes) in [
+            (
+                "memory",
+                MemoryStore::DEFAULT_MAX_RECORDS,
+                MemoryStore::DEFAULT_MAX_BYTES,
+            ),
+            (
+                "memory://",
+                MemoryStore::DEFAULT_MAX_RECORDS,
+                MemoryStore::DEFAULT_MAX_BYTES,
+            ),
+            (
+                "memory://?max_records=100000&max_bytes=256MiB",
+                100_000,
+                256 << 20,
+            ),
+            (
+                "memory://?max_bytes=1GB",
+                MemoryStore::DEFAULT_MAX_RECORDS,
+                1_000_000_000,
+            ),
+            ("memory://?max_records=5", 5, MemoryStore::DEFAULT_MAX_BYTES),
+            (
+                "memory://?max_bytes=65536",
+                MemoryStore::DEFAULT_MAX_RECORDS,
+                65_536,
+            ),
+        ] {
+            let store = MemoryStore::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(
+                (store.max_records(), store.max_bytes()),
+                (records, bytes),
+                "{url}"
+            );
+        }
+        for (url, names) in [
+            ("memory://?max_records=0", "max_records"),
+            ("memory://?max_records=-1", "max_records"),
+            ("memory://?max_records=many", "max_records"),
+            ("memory://?max_records=", "max_records"),
+            ("memory://?max_bytes=0", "max_bytes"),
+            ("memory://?max_bytes=-5MiB", "max_bytes"),
+            ("memory://?max_bytes=12XB", "KiB"),
+            ("memory://?max_bytes=100", "max_bytes"),
+            ("memory://?max_records=1&max_records=2", "twice"),
+            ("memory://?max_entries=5", "max_entries"),
+            ("memory://host", "no host"),
+            ("memory:x", "no host"),
+        ] {
+            let err = MemoryStore::from_url(url).expect_err(url);
+            assert!(err.is_configuration(), "{url}: {err}");
+            assert!(err.to_string().contains(names), "{url}: {err}");
+            let err = crate::store::open(url).await.err().expect(url);
+            assert!(err.is_configuration(), "{url}: {err}");
+        }
     }
 }

@@ -80,7 +80,7 @@ pub use aws_sdk_dynamodb;
 pub use dynamodb::{DynamoStore, DynamoStoreBuilder};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use inbox::InboxSql;
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlStoreBuilder};
 pub use open::{OpenError, open};
@@ -474,7 +474,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 ///
 /// Query the kind with [`StoreError::is_fenced`], [`StoreError::is_unavailable`],
 /// [`StoreError::is_configuration`], [`StoreError::is_corrupt`],
-/// [`StoreError::is_unsupported`] and [`StoreError::is_unreplicated`].
+/// [`StoreError::is_unsupported`], [`StoreError::is_unreplicated`] and
+/// [`StoreError::is_full`].
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct StoreError {
@@ -490,6 +491,7 @@ enum StoreErrorKind {
     Configuration(String),
     Corrupt(String),
     Unsupported(&'static str),
+    Full(String),
     Unreplicated {
         acked: usize,
         wanted: usize,
@@ -507,6 +509,7 @@ impl fmt::Display for StoreErrorKind {
             Self::Configuration(m) => write!(f, "the idempotency store is misconfigured: {m}; retrying will not help"),
             Self::Corrupt(m) => write!(f, "the idempotency store holds a record this version cannot read: {m}"),
             Self::Unreplicated { acked, wanted, timeout } => write!(f, "the completion is written on the primary, but only {acked} of the {wanted} replicas asked for acknowledged it within {timeout:?}: it would be lost if the primary failed now (check the replicas' health and lag, or wait for fewer)"),
+            Self::Full(m) => write!(f, "the idempotency store is full ({m}): the key was not claimed, nothing ran and no record was evicted; retry with the same key later (expired records free their room when swept), and raise the store's bound if this lasts"),
             Self::Unsupported(op) => write!(f, "this idempotency store does not implement `{op}`: use one of idemkey's stores (they all do), or look the record up with the backing database's own tools"),
         }
     }
@@ -601,7 +604,35 @@ impl StoreError {
             StoreErrorKind::Unsupported(_) => "unsupported",
             StoreErrorKind::Configuration(_) => "configuration",
             StoreErrorKind::Unreplicated { .. } => "unreplicated",
+            StoreErrorKind::Full(_) => "full",
         }
+    }
+
+    /// The store is at its bound (records or bytes) and refused a **new** record; `what`
+    /// says which bound. Nothing was written and nothing evicted; claims that find an
+    /// existing record, and the complete, renew and release of claims already made, are
+    /// not refused for room. The verifier answers `503 store-full` with `Retry-After`,
+    /// even when it fails open: a full store is not an outage.
+    ///
+    /// ```
+    /// let e = idemkey::store::StoreError::full("the memory store holds its max_records of 10 records");
+    /// assert!(e.is_full() && !e.is_unavailable());
+    /// assert!(e.to_string().contains("max_records"));
+    /// ```
+    #[must_use]
+    pub fn full(what: impl Into<String>) -> Self {
+        Self {
+            kind: StoreErrorKind::Full(what.into()),
+            source: None,
+        }
+    }
+
+    /// `true` when the store refused a new record because it is at its bound
+    /// ([`StoreError::full`]): retry later, when expired records were swept, or raise
+    /// the bound ([`MemoryStoreBuilder::max_records`], [`MemoryStoreBuilder::max_bytes`]).
+    #[must_use]
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Full(_))
     }
 
     /// A completion written on the primary that fewer than `wanted` replicas

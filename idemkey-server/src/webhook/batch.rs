@@ -601,7 +601,23 @@ impl<E> BatchError<E> {
     /// on a store's own error.
     #[must_use]
     pub fn is_store_unavailable(&self) -> bool {
-        matches!(self.kind, ErrorKind::Claim(_) | ErrorKind::Store(_))
+        match &self.kind {
+            ErrorKind::Claim(e) => !e.is_store_full(),
+            ErrorKind::Store(_) => true,
+            _ => false,
+        }
+    }
+
+    /// `true` when the store is at its bound and refused an item's new id: the items
+    /// before it stay recorded ([`BatchError::outcome`]), the rest did not run; the
+    /// delivery gets `503 store-full` with `Retry-After`, and the sender's redelivery
+    /// runs what is left once expired records were swept. The same fact is
+    /// [`OnceError::is_store_full`](crate::OnceError::is_store_full) on the function API
+    /// and [`StoreError::is_full`](crate::store::StoreError::is_full) on a store's own
+    /// error.
+    #[must_use]
+    pub fn is_store_full(&self) -> bool {
+        matches!(&self.kind, ErrorKind::Claim(e) if e.is_store_full())
     }
 
     /// The handler's error, when the handler failed.
@@ -632,7 +648,7 @@ impl<E> BatchError<E> {
 
     /// The status to answer the delivery with: 400 for an invalid batch (a retry of the
     /// same bytes cannot succeed), 401 for an item whose signature does not verify, 503
-    /// for a store failure, 500 for a handler failure (the sender retries; completed
+    /// for a store failure or a full store, 500 for a handler failure (the sender retries; completed
     /// items are skipped then).
     #[must_use]
     pub fn status(&self) -> StatusCode {
@@ -640,6 +656,7 @@ impl<E> BatchError<E> {
             ErrorKind::NotArray(_) => Problem::InvalidKey.default_status(),
             ErrorKind::InvalidItem { source, .. } => source.status(),
             ErrorKind::Signature { source, .. } => source.status(),
+            ErrorKind::Claim(e) if e.is_store_full() => Problem::StoreFull.default_status(),
             ErrorKind::Claim(_) | ErrorKind::Store(_) => Problem::StoreUnavailable.default_status(),
             ErrorKind::Handler { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -648,7 +665,8 @@ impl<E> BatchError<E> {
 
 impl<E: fmt::Display> BatchError<E> {
     /// The answer to the delivery, with [`BatchError::status`]: a problem response
-    /// (`invalid-key`, `signature-rejected`, `store-unavailable` with `Retry-After`)
+    /// (`invalid-key`, `signature-rejected`, `store-unavailable` or `store-full` with
+    /// `Retry-After`)
     /// where the crate has one, a plain `500` with this error's text when the handler
     /// failed.
     #[must_use]
@@ -658,6 +676,7 @@ impl<E: fmt::Display> BatchError<E> {
             ErrorKind::NotArray(_) => Rejection::invalid_key(detail),
             ErrorKind::InvalidItem { source, .. } => source,
             ErrorKind::Signature { .. } => Rejection::signature_rejected(detail),
+            ErrorKind::Claim(e) if e.is_store_full() => Rejection::store_full(e.retry_after()),
             ErrorKind::Claim(e) => Rejection::store_unavailable(e.retry_after()),
             ErrorKind::Store(_) => {
                 Rejection::store_unavailable(Engine::DEFAULT_UNAVAILABLE_RETRY_AFTER)
