@@ -119,6 +119,16 @@ pub const STORE_DURATION: &str = "idemkey_store_operation_duration_seconds";
 #[doc(hidden)]
 pub const STORE_ERRORS: &str = "idemkey_store_errors_total";
 #[doc(hidden)]
+pub const SWEEP_REMOVED: &str = "idemkey_store_sweep_removed_total";
+#[doc(hidden)]
+pub const SWEEP_DURATION: &str = "idemkey_store_sweep_duration_seconds";
+#[doc(hidden)]
+pub const SWEEP_SKIPPED: &str = "idemkey_store_sweep_skipped_total";
+#[doc(hidden)]
+pub const SWEEP_LAST_COMPLETE: &str = "idemkey_store_sweep_last_complete_timestamp_seconds";
+#[doc(hidden)]
+pub const SWEEP_LAG: &str = "idemkey_store_sweep_lag_seconds";
+#[doc(hidden)]
 pub const CLIENT_CALLS: &str = "idemkey_client_calls_total";
 #[doc(hidden)]
 pub const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
@@ -141,7 +151,7 @@ pub const CLIENT_BUDGET_EXHAUSTED: &str = "idemkey_client_retry_budget_exhausted
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
-    use metrics::{Unit, describe_counter, describe_histogram};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         SERVER_REQUESTS,
         Unit::Count,
@@ -172,6 +182,27 @@ pub fn describe_metrics() {
         STORE_ERRORS,
         Unit::Count,
         "Store operations that failed (fenced writes excluded)"
+    );
+    describe_counter!(
+        SWEEP_REMOVED,
+        Unit::Count,
+        "Expired records removed by sweeps"
+    );
+    describe_histogram!(SWEEP_DURATION, Unit::Seconds, "Duration of each sweep pass");
+    describe_counter!(
+        SWEEP_SKIPPED,
+        Unit::Count,
+        "Sweep passes skipped because another instance held the sweep lock"
+    );
+    describe_gauge!(
+        SWEEP_LAST_COMPLETE,
+        Unit::Seconds,
+        "Unix time of the last sweep pass that left nothing expired"
+    );
+    describe_gauge!(
+        SWEEP_LAG,
+        Unit::Seconds,
+        "Age of the oldest expired record still present after the last pass"
     );
     describe_counter!(CLIENT_CALLS, Unit::Count, "Logical client calls by outcome");
     describe_histogram!(
