@@ -5,7 +5,8 @@
 //! - `idemkey proxy`: the verifier as a reverse proxy in front of any HTTP API, with
 //!   optional fault injection and a client-side audit;
 //! - `idemkey inspect`, `release`, `stuck`: look up, force-release and list records in
-//!   a store.
+//!   a store;
+//! - `idemkey sweep --store URL`: one sweep pass of a SQL store, from cron.
 //!
 //! The `idemkey-cli` crate: `cargo install idemkey-cli` (every store built in; its
 //! README is the manual).
@@ -20,6 +21,7 @@ mod inspect;
 mod proxy;
 mod release;
 mod stuck;
+mod sweep;
 
 use std::process::ExitCode;
 
@@ -46,6 +48,7 @@ enum Command {
     Inspect(inspect::InspectArgs),
     Release(release::ReleaseArgs),
     Stuck(stuck::StuckArgs),
+    Sweep(sweep::SweepArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => inspect::run(args).await.map(|()| 0),
             Command::Release(args) => release::run(args).await.map(|()| 0),
             Command::Stuck(args) => stuck::run(args).await.map(|()| 0),
+            Command::Sweep(args) => sweep::run(args).await.map(|()| 0),
         }
     });
     match outcome {

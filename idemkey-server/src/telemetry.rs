@@ -515,6 +515,13 @@ impl Store for ObservedStore {
     async fn sweep(&self) -> Result<u64, StoreError> {
         self.observe(Operation::Sweep, self.inner().sweep()).await
     }
+    async fn sweep_pass(
+        &self,
+        options: &crate::store::SweepOptions,
+    ) -> Result<crate::store::SweepReport, StoreError> {
+        self.observe(Operation::Sweep, self.inner().sweep_pass(options))
+            .await
+    }
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
         self.observe(Operation::Inspect, self.inner().inspect(id))
             .await

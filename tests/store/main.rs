@@ -43,3 +43,10 @@ mod store_postgres;
 mod store_redis;
 #[cfg(all(feature = "test-util", feature = "sqlite"))]
 mod store_sqlite;
+#[cfg(all(
+    feature = "test-util",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+mod store_sweep;

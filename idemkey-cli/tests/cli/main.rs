@@ -3,7 +3,8 @@
 //! case fails, and only it); `proxy` in front of a Python API with no idempotency of its
 //! own, driven by stripe-node through `--faults` (and, as the control, the same faults
 //! with `--no-verify`, where lost answers run twice); `--audit`; `GET /metrics` (with
-//! `metrics`); a graceful shutdown; `inspect`, `release` and `stuck` on a SQLite store.
+//! `metrics`); a graceful shutdown; `inspect`, `release`, `stuck` and `sweep` on a SQLite
+//! store.
 
 // The integration tests' tree of the facade (tests/support/ at the repository's root):
 // the examples' charge app, the peers, the private servers.
@@ -578,5 +579,62 @@ async fn inspect_release_and_stuck_on_a_store() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("inside the process"));
     drop(store);
+    let _ = std::fs::remove_file(&db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_removes_expired_records_in_one_pass_and_says_so() {
+    let db = std::env::temp_dir().join(format!("{}.db", support::unique("idemkey_sweep")));
+    let url = format!("sqlite://{}", db.display());
+    let store = idemkey::store::open(&url).await.expect("open sqlite");
+    let claim = |key: String, lease: Duration| {
+        let store = &store;
+        async move {
+            store
+                .claim(ClaimRequest {
+                    id: &RecordId::new("t", &key),
+                    fingerprint: b"fp",
+                    token: FencingToken::random(),
+                    lease,
+                    retention: Duration::ZERO,
+                })
+                .await
+                .expect("claim");
+        }
+    };
+    for i in 0..250 {
+        claim(format!("old-{i}"), Duration::from_millis(1)).await;
+    }
+    claim("live".into(), Duration::from_secs(3600)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let out = cli::run(&["sweep", "--store", &url, "--batch", "100", "--json"], "").await;
+    assert!(out.status.success(), "{}", cli::describe(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["removed"], 250, "{report}");
+    assert_eq!(report["batches"], 3, "{report}");
+    assert_eq!(report["outcome"], "complete", "{report}");
+    assert!(
+        report["rows_per_second"].as_f64().is_some_and(|r| r > 0.0),
+        "{report}"
+    );
+
+    let out = cli::run(&["sweep", "--store", &url], "").await;
+    assert!(out.status.success(), "{}", cli::describe(&out));
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.starts_with("removed 0 records in "), "{line}");
+    assert!(line.contains("nothing expired left"), "{line}");
+    assert!(
+        store
+            .inspect(&RecordId::new("t", "live"))
+            .await
+            .expect("inspect")
+            .is_some()
+    );
+
+    let out = cli::run(&["sweep", "--store", &url, "--batch", "0"], "").await;
+    assert_eq!(out.status.code(), Some(125), "{}", cli::describe(&out));
+    let out = cli::run(&["sweep", "--store", "memory"], "").await;
+    assert_eq!(out.status.code(), Some(125), "{}", cli::describe(&out));
     let _ = std::fs::remove_file(&db);
 }

@@ -129,6 +129,16 @@ pub const STORE_MEMORY_MAX_RECORDS: &str = "idemkey_store_memory_max_records";
 #[doc(hidden)]
 pub const STORE_MEMORY_MAX_BYTES: &str = "idemkey_store_memory_max_bytes";
 #[doc(hidden)]
+pub const SWEEP_REMOVED: &str = "idemkey_store_sweep_removed_total";
+#[doc(hidden)]
+pub const SWEEP_DURATION: &str = "idemkey_store_sweep_duration_seconds";
+#[doc(hidden)]
+pub const SWEEP_SKIPPED: &str = "idemkey_store_sweep_skipped_total";
+#[doc(hidden)]
+pub const SWEEP_LAST_COMPLETE: &str = "idemkey_store_sweep_last_complete_timestamp_seconds";
+#[doc(hidden)]
+pub const SWEEP_LAG: &str = "idemkey_store_sweep_lag_seconds";
+#[doc(hidden)]
 pub const CLIENT_CALLS: &str = "idemkey_client_calls_total";
 #[doc(hidden)]
 pub const CLIENT_ATTEMPTS: &str = "idemkey_client_attempts";
@@ -207,6 +217,27 @@ pub fn describe_metrics() {
         STORE_MEMORY_MAX_BYTES,
         Unit::Bytes,
         "The memory stores' budget of bytes"
+    );
+    describe_counter!(
+        SWEEP_REMOVED,
+        Unit::Count,
+        "Expired records removed by sweeps"
+    );
+    describe_histogram!(SWEEP_DURATION, Unit::Seconds, "Duration of each sweep pass");
+    describe_counter!(
+        SWEEP_SKIPPED,
+        Unit::Count,
+        "Sweep passes skipped because another instance held the sweep lock"
+    );
+    describe_gauge!(
+        SWEEP_LAST_COMPLETE,
+        Unit::Seconds,
+        "Unix time of the last sweep pass that left nothing expired"
+    );
+    describe_gauge!(
+        SWEEP_LAG,
+        Unit::Seconds,
+        "Age of the oldest expired record still present after the last pass"
     );
     describe_counter!(CLIENT_CALLS, Unit::Count, "Logical client calls by outcome");
     describe_histogram!(

@@ -88,7 +88,9 @@ pub use open::{OpenError, open};
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
-pub use sweeper::spawn_sweeper;
+pub use sweeper::{
+    DEFAULT_SWEEP_BATCH, SweepOptions, SweepOutcome, SweepReport, spawn_sweeper, sweep_and_report,
+};
 #[allow(
     unused_imports,
     reason = "used by the notifying stores behind features"
@@ -365,9 +367,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes expired records; returns how many. Stores that expire records themselves
     /// (Redis TTL) return `Ok(0)`. Schedule it where the store needs it (PostgreSQL,
-    /// SQLite); the memory store also sweeps by itself.
+    /// MySQL/MariaDB, SQLite); the memory store also sweeps by itself. The SQL stores
+    /// remove in bounded batches until nothing expired is left, without the sweep lock
+    /// (see [`Store::sweep_pass`] for a pass with a budget and the lock).
     async fn sweep(&self) -> Result<u64, StoreError> {
         Ok(0)
+    }
+
+    /// One sweep pass under `options`: bounded batches, a time budget, and (when
+    /// exclusive) the store's sweep lock, so that one instance sweeps at a time
+    /// ([`SweepOptions`]). The default runs [`Store::sweep`] once, for stores that
+    /// expire records themselves or sweep in memory.
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        let _ = options;
+        let started = tokio::time::Instant::now();
+        let removed = self.sweep().await?;
+        Ok(
+            SweepReport::new(removed, 1, started.elapsed(), SweepOutcome::Complete)
+                .with_lag(Some(Duration::ZERO)),
+        )
     }
 
     /// What the store holds for `id`: `None` when nothing (or only a completed record
@@ -455,6 +473,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn sweep(&self) -> Result<u64, StoreError> {
         (**self).sweep().await
+    }
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        (**self).sweep_pass(options).await
     }
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
         (**self).inspect(id).await

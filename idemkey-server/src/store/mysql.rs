@@ -6,13 +6,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::AssertSqlSafe;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySql, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::pool::PoolConnection;
 
 use super::sql::{
     DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, sql,
-    takeover_sets, unavailable,
+    sweep_lock_name, takeover_sets, unavailable,
 };
-use super::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
+use super::sweeper::run_batches;
+use super::{
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, SweepOptions,
+    SweepOutcome, SweepReport,
+};
 /// The longest lease or retention, in microseconds: 100 years ("forever"), well within
 /// `DATETIME`'s range (to the year 9999).
 const MAX_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
@@ -132,6 +137,8 @@ struct Statements {
     renew: Arc<str>,
     release: Arc<str>,
     sweep: Arc<str>,
+    sweep_lag: Arc<str>,
+    sweep_lock: Arc<str>,
     inspect: Arc<str>,
     force_release: Arc<str>,
     list_in_progress: Arc<str>,
@@ -196,7 +203,21 @@ WHERE {held}"
             )
             .into(),
             release: format!("DELETE FROM {t} WHERE {held}").into(),
-            sweep: format!("DELETE FROM {t} WHERE purge_at <= {NOW}").into(),
+            // One bounded batch, the oldest first through the `purge_at` index; the order
+            // is total (id breaks ties), so the statement is safe to replicate.
+            sweep: format!(
+                "DELETE FROM {t} WHERE purge_at <= {NOW} ORDER BY purge_at, id LIMIT ?"
+            )
+            .into(),
+            sweep_lag: format!(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(purge_at), {NOW}) FROM {t} WHERE purge_at <= {NOW}"
+            )
+            .into(),
+            // `GET_LOCK` names are server-wide and at most 64 characters: the database
+            // and the table, hashed.
+            sweep_lock: "SELECT GET_LOCK(CONCAT('idemkey.sweep:', \
+                LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40)), 0)"
+                .into(),
             inspect: format!("SELECT id, {info} FROM {t} WHERE id = ? AND purge_at > {NOW}").into(),
             force_release: format!("DELETE FROM {t} WHERE id = ? AND purge_at > {NOW}").into(),
             list_in_progress: format!(
@@ -323,6 +344,44 @@ fn dialect_of(version: &str) -> Dialect {
 }
 
 impl MySqlStore {
+    /// Removes at most `limit` expired records in one statement.
+    async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql(&self.sql.sweep))
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| unavailable("MySQL: sweeping expired records", e))?;
+        Ok(done.rows_affected())
+    }
+
+    /// How long the oldest expired record still present has been expired.
+    async fn sweep_lag(&self) -> Option<Duration> {
+        let micros: Option<i64> = sqlx::query_scalar(sql(&self.sql.sweep_lag))
+            .fetch_one(&self.pool)
+            .await
+            .ok()?;
+        Some(micros.map_or(Duration::ZERO, |us| {
+            Duration::from_micros(u64::try_from(us).unwrap_or(0))
+        }))
+    }
+
+    /// The table's sweep lock (`GET_LOCK`), on a connection of its own that is closed
+    /// when dropped; `None` when another session holds it.
+    async fn try_sweep_lock(&self) -> Result<Option<PoolConnection<MySql>>, StoreError> {
+        let failed = |e| unavailable("MySQL: taking the sweep lock", e);
+        let mut conn = self.pool.acquire().await.map_err(failed)?;
+        let got: Option<i64> = sqlx::query_scalar(sql(&self.sql.sweep_lock))
+            .bind(sweep_lock_name(&self.table))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failed)?;
+        if got != Some(1) {
+            return Ok(None);
+        }
+        conn.close_on_drop();
+        Ok(Some(conn))
+    }
+
     /// A builder for a store at `url` (`mysql://user[:password]@host[:port]/database`;
     /// `mariadb://` is the same).
     #[must_use]
@@ -510,11 +569,35 @@ impl Store for MySqlStore {
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql(&self.sql.sweep))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| unavailable("MySQL: sweeping expired records", e))?;
-        Ok(done.rows_affected())
+        let whole = SweepOptions::default().exclusive(false);
+        Ok(self.sweep_pass(&whole).await?.removed())
+    }
+
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        let started = tokio::time::Instant::now();
+        // Held for the pass; closed (not returned to the pool) when dropped, so the
+        // session and its `GET_LOCK` end even if the pass is cancelled.
+        let _lock = if options.is_exclusive() {
+            match self.try_sweep_lock().await? {
+                Some(conn) => Some(conn),
+                None => {
+                    return Ok(SweepReport::new(
+                        0,
+                        0,
+                        started.elapsed(),
+                        SweepOutcome::Skipped,
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let report = run_batches(options, started, |limit| self.sweep_batch(limit)).await?;
+        Ok(if report.outcome() == SweepOutcome::BudgetSpent {
+            report.with_lag(self.sweep_lag().await)
+        } else {
+            report
+        })
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {

@@ -30,17 +30,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
-    fenced, sql, unavailable,
+    fenced, sql, sweep_lock_name, unavailable,
 };
+use super::sweeper::run_batches;
 use super::{
     Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
-    StoreError, Watch, clamp_forever,
+    StoreError, SweepOptions, SweepOutcome, SweepReport, Watch, clamp_forever,
 };
 
 /// A store shared by every instance of an application through one PostgreSQL database.
@@ -138,6 +140,8 @@ struct Statements {
     renew: Arc<str>,
     release: Arc<str>,
     sweep: Arc<str>,
+    sweep_lag: Arc<str>,
+    sweep_lock: Arc<str>,
     inspect: Arc<str>,
     force_release: Arc<str>,
     list_in_progress: Arc<str>,
@@ -158,6 +162,8 @@ impl Statements {
             THEN expires_at + retention * interval '1 microsecond' ELSE expires_at END";
         let held = "id = $1 AND token = $2 AND payload IS NULL \
             AND expires_at + retention * interval '1 microsecond' > now()";
+        let expired = "expires_at <= now() AND (payload IS NOT NULL
+  OR expires_at + retention * interval '1 microsecond' <= now())";
         let info = "id, payload IS NULL AS in_progress, fingerprint,
   octet_length(payload)::bigint AS payload_len,
   (extract(epoch FROM created) * 1000000)::bigint AS created,
@@ -193,11 +199,21 @@ SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
             release: notified(&format!("DELETE FROM {t} WHERE {held}"), notify),
+            // One bounded batch: the oldest expired rows (through the expiry index),
+            // locked and removed in one short statement; rows a claim holds at that
+            // moment are skipped, not waited for.
             sweep: format!(
-                "DELETE FROM {t} WHERE expires_at <= now() AND (payload IS NOT NULL
-  OR expires_at + retention * interval '1 microsecond' <= now())"
+                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE {expired}
+  ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
             )
             .into(),
+            sweep_lag: format!(
+                "SELECT extract(epoch FROM now() - min(expires_at))::float8 FROM {t} WHERE {expired}"
+            )
+            .into(),
+            // A session-level advisory lock, keyed by the table's name: one sweeper per
+            // table of a database, however many instances.
+            sweep_lock: "SELECT pg_try_advisory_lock(hashtextextended($1, 0))".into(),
             inspect: format!("SELECT {info} FROM {t} WHERE id = $1 AND {kept_until} > now()")
                 .into(),
             force_release: format!(
@@ -602,11 +618,35 @@ impl Store for PostgresStore {
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql(&self.sql.sweep))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| unavailable("PostgreSQL: sweeping expired records", e))?;
-        Ok(done.rows_affected())
+        let whole = SweepOptions::default().exclusive(false);
+        Ok(self.sweep_pass(&whole).await?.removed())
+    }
+
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        let started = tokio::time::Instant::now();
+        // Held for the pass; closed (not returned to the pool) when dropped, so the
+        // session and its advisory lock end even if the pass is cancelled.
+        let _lock = if options.is_exclusive() {
+            match self.try_sweep_lock().await? {
+                Some(conn) => Some(conn),
+                None => {
+                    return Ok(SweepReport::new(
+                        0,
+                        0,
+                        started.elapsed(),
+                        SweepOutcome::Skipped,
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let report = run_batches(options, started, |limit| self.sweep_batch(limit)).await?;
+        Ok(if report.outcome() == SweepOutcome::BudgetSpent {
+            report.with_lag(self.sweep_lag().await)
+        } else {
+            report
+        })
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
@@ -652,6 +692,43 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
+    /// Removes at most `limit` expired records in one statement.
+    async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql(&self.sql.sweep))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| unavailable("PostgreSQL: sweeping expired records", e))?;
+        Ok(done.rows_affected())
+    }
+
+    /// How long the oldest expired record still present has been expired.
+    async fn sweep_lag(&self) -> Option<Duration> {
+        let secs: Option<f64> = sqlx::query_scalar(sql(&self.sql.sweep_lag))
+            .fetch_one(&self.pool)
+            .await
+            .ok()?;
+        Some(secs.map_or(Duration::ZERO, |s| Duration::from_secs_f64(s.max(0.0))))
+    }
+
+    /// The table's sweep lock (`pg_try_advisory_lock` on `idemkey.sweep:<table>`), on a
+    /// connection of its own that is closed when dropped; `None` when another session
+    /// holds it.
+    async fn try_sweep_lock(&self) -> Result<Option<PoolConnection<Postgres>>, StoreError> {
+        let failed = |e| unavailable("PostgreSQL: taking the sweep lock", e);
+        let mut conn = self.pool.acquire().await.map_err(failed)?;
+        let got: bool = sqlx::query_scalar(sql(&self.sql.sweep_lock))
+            .bind(sweep_lock_name(&self.table))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failed)?;
+        if !got {
+            return Ok(None);
+        }
+        conn.close_on_drop();
+        Ok(Some(conn))
+    }
+
     /// Starts the `LISTEN` task of `notifier` unless it runs; returns once it listens.
     async fn listen(&self, notifier: &Arc<Notifier>) -> Result<(), StoreError> {
         let mut listener = notifier.listener.lock().await;

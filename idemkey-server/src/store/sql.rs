@@ -213,6 +213,13 @@ pub(crate) fn fenced(what: &str, rows: Result<u64, sqlx::Error>) -> Result<(), S
 }
 
 /// A prepared statement's text, built once from a validated [`TableName`].
+/// The name of a table's sweep lock (a PostgreSQL advisory lock key, hashed; a MySQL
+/// `GET_LOCK` name, hashed with the database there): one sweeper per table.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn sweep_lock_name(table: &TableName) -> String {
+    format!("idemkey.sweep:{}", table.quoted())
+}
+
 pub(crate) fn sql(s: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(s))
 }

@@ -44,8 +44,10 @@ use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
     unavailable,
 };
+use super::sweeper::run_batches;
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, clamp_forever,
+    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, SweepOptions,
+    SweepOutcome, SweepReport, clamp_forever,
 };
 
 /// A durable store in one SQLite file, for a single node.
@@ -93,6 +95,7 @@ struct Statements {
     renew: Arc<str>,
     release: Arc<str>,
     sweep: Arc<str>,
+    sweep_lag: Arc<str>,
     inspect: Arc<str>,
     force_release: Arc<str>,
     list_in_progress: Arc<str>,
@@ -132,8 +135,14 @@ RETURNING coalesce(token = $4, 0) AS won, taken_over, fingerprint, payload,
             .into(),
             renew: format!("UPDATE {t} SET expires_at = $1 + $4 WHERE {held}").into(),
             release: format!("DELETE FROM {t} WHERE {held}").into(),
+            // One bounded batch, the oldest first through the expiry index.
             sweep: format!(
-                "DELETE FROM {t} WHERE expires_at <= $1
+                "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE expires_at <= $1
+  AND (payload IS NOT NULL OR expires_at + retention <= $1) ORDER BY expires_at LIMIT $2)"
+            )
+            .into(),
+            sweep_lag: format!(
+                "SELECT $1 - min(expires_at) FROM {t} WHERE expires_at <= $1
   AND (payload IS NOT NULL OR expires_at + retention <= $1)"
             )
             .into(),
@@ -267,6 +276,30 @@ impl SqliteStoreBuilder {
 }
 
 impl SqliteStore {
+    /// Removes at most `limit` expired records in one statement (one short write
+    /// transaction).
+    async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql(&self.sql.sweep))
+            .bind(now_ms())
+            .bind(i64::from(limit))
+            .execute(&self.writer)
+            .await
+            .map_err(|e| unavailable("SQLite: sweeping expired records", e))?;
+        Ok(done.rows_affected())
+    }
+
+    /// How long the oldest expired record still present has been expired.
+    async fn sweep_lag(&self) -> Option<Duration> {
+        let ms: Option<i64> = sqlx::query_scalar(sql(&self.sql.sweep_lag))
+            .bind(now_ms())
+            .fetch_one(&self.writer)
+            .await
+            .ok()?;
+        Some(ms.map_or(Duration::ZERO, |ms| {
+            Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+        }))
+    }
+
     /// A builder for a store in the file at `path`.
     #[must_use]
     pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
@@ -496,12 +529,19 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql(&self.sql.sweep))
-            .bind(now_ms())
-            .execute(&self.writer)
-            .await
-            .map_err(|e| unavailable("SQLite: sweeping expired records", e))?;
-        Ok(done.rows_affected())
+        Ok(self.sweep_pass(&SweepOptions::default()).await?.removed())
+    }
+
+    /// SQLite has one writer: batches of concurrent passes (in this process or another
+    /// on the same file) take turns, so no lock is taken.
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        let started = tokio::time::Instant::now();
+        let report = run_batches(options, started, |limit| self.sweep_batch(limit)).await?;
+        Ok(if report.outcome() == SweepOutcome::BudgetSpent {
+            report.with_lag(self.sweep_lag().await)
+        } else {
+            report
+        })
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {

@@ -1,14 +1,320 @@
-//! A background task that sweeps a store on a schedule.
+//! Sweeping: a pass of bounded batches ([`SweepOptions`], [`SweepReport`]), and a
+//! background task that runs one per period ([`spawn_sweeper`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Store, clamp_forever};
+use tokio::time::Instant;
 
-/// Spawns a task that calls [`Store::sweep`] every `every` (first after one period),
-/// for stores that keep expired records until swept (PostgreSQL, SQLite). A failed sweep
-/// is logged (`tracing`, warn) and tried again next period. The task ends when the
-/// returned handle is aborted or the runtime shuts down.
+use super::{Store, StoreError, clamp_forever};
+
+/// The default number of records one sweep statement removes at most.
+pub const DEFAULT_SWEEP_BATCH: u32 = 1_000;
+
+/// How a sweep pass runs ([`Store::sweep_pass`]).
+///
+/// A pass removes expired records in batches of at most [`batch`](Self::batch) records,
+/// each batch one short statement in its own transaction, so that no statement holds
+/// locks for long and claims running meanwhile stay fast. It goes on until a batch finds
+/// fewer than a full batch (nothing expired is left) or its time budget
+/// ([`max_duration`](Self::max_duration)) is spent; at least one batch runs. An
+/// exclusive pass ([`exclusive`](Self::exclusive), the default) first takes the store's
+/// sweep lock (PostgreSQL: an advisory lock, MySQL/MariaDB: `GET_LOCK`; SQLite has one
+/// writer), and is skipped when another instance holds it.
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkey::store::SweepOptions;
+///
+/// let options = SweepOptions::new().batch(500).max_duration(Duration::from_secs(30));
+/// assert_eq!(options.batch_size(), 500);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepOptions {
+    batch: u32,
+    max_duration: Option<Duration>,
+    exclusive: bool,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        Self {
+            batch: DEFAULT_SWEEP_BATCH,
+            max_duration: None,
+            exclusive: true,
+        }
+    }
+}
+
+impl SweepOptions {
+    /// Batches of [`DEFAULT_SWEEP_BATCH`] records, no time budget, exclusive.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most records one statement removes (at least 1; at most 100,000).
+    #[must_use]
+    pub fn batch(mut self, records: u32) -> Self {
+        self.batch = records.clamp(1, 100_000);
+        self
+    }
+
+    /// The pass stops starting new batches once this much time has passed (it always
+    /// runs one); the rest waits for the next pass.
+    #[must_use]
+    pub fn max_duration(mut self, budget: Duration) -> Self {
+        self.max_duration = Some(budget);
+        self
+    }
+
+    /// Whether the pass takes the store's sweep lock first, and is skipped when another
+    /// instance holds it (`true` by default).
+    #[must_use]
+    pub fn exclusive(mut self, on: bool) -> Self {
+        self.exclusive = on;
+        self
+    }
+
+    /// The most records one statement removes.
+    #[must_use]
+    pub fn batch_size(&self) -> u32 {
+        self.batch
+    }
+
+    /// The time budget, if any.
+    #[must_use]
+    pub fn time_budget(&self) -> Option<Duration> {
+        self.max_duration
+    }
+
+    /// Whether the pass takes the store's sweep lock.
+    #[must_use]
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+}
+
+/// How a sweep pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SweepOutcome {
+    /// Nothing expired was left when the pass ended.
+    Complete,
+    /// The time budget was spent with expired records left; the next pass goes on.
+    BudgetSpent,
+    /// Another instance held the store's sweep lock: this pass removed nothing.
+    Skipped,
+}
+
+impl SweepOutcome {
+    /// The outcome's fixed name: `complete`, `budget_spent`, `skipped`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::BudgetSpent => "budget_spent",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+/// What a sweep pass did ([`Store::sweep_pass`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SweepReport {
+    removed: u64,
+    batches: u32,
+    duration: Duration,
+    outcome: SweepOutcome,
+    lag: Option<Duration>,
+}
+
+impl SweepReport {
+    /// A report of `removed` records in `batches` statements over `duration`.
+    #[must_use]
+    pub fn new(removed: u64, batches: u32, duration: Duration, outcome: SweepOutcome) -> Self {
+        Self {
+            removed,
+            batches,
+            duration,
+            outcome,
+            lag: None,
+        }
+    }
+
+    /// The same report, with the age of the oldest expired record still present.
+    #[must_use]
+    pub fn with_lag(mut self, lag: Option<Duration>) -> Self {
+        self.lag = lag;
+        self
+    }
+
+    /// Records removed.
+    #[must_use]
+    pub fn removed(&self) -> u64 {
+        self.removed
+    }
+
+    /// Statements run (batches).
+    #[must_use]
+    pub fn batches(&self) -> u32 {
+        self.batches
+    }
+
+    /// How long the pass took, the lock included.
+    #[must_use]
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// How the pass ended.
+    #[must_use]
+    pub fn outcome(&self) -> SweepOutcome {
+        self.outcome
+    }
+
+    /// How long the oldest expired record still present has been expired, where the
+    /// store can tell cheaply (the SQL stores, after a pass that left work): the sweep
+    /// lag. `Some(Duration::ZERO)` when the pass left nothing expired; `None` when not
+    /// known.
+    #[must_use]
+    pub fn lag(&self) -> Option<Duration> {
+        self.lag
+    }
+
+    /// Records removed per second of the pass (0 for an empty or skipped pass).
+    #[must_use]
+    pub fn rows_per_second(&self) -> f64 {
+        let secs = self.duration.as_secs_f64();
+        if self.removed == 0 || secs <= 0.0 {
+            0.0
+        } else {
+            self.removed as f64 / secs
+        }
+    }
+}
+
+/// Runs `batch(limit)` until a batch removes fewer than `limit` records or the budget is
+/// spent (at least one batch runs): the loop of every store that sweeps in batches.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn run_batches<F, Fut>(
+    options: &SweepOptions,
+    started: Instant,
+    mut batch: F,
+) -> Result<SweepReport, StoreError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+{
+    let limit = options.batch_size();
+    let (mut removed, mut batches) = (0u64, 0u32);
+    loop {
+        let n = batch(limit).await?;
+        removed += n;
+        batches += 1;
+        if n < u64::from(limit) {
+            return Ok(SweepReport::new(
+                removed,
+                batches,
+                started.elapsed(),
+                SweepOutcome::Complete,
+            )
+            .with_lag(Some(Duration::ZERO)));
+        }
+        if options
+            .time_budget()
+            .is_some_and(|budget| started.elapsed() >= budget)
+        {
+            return Ok(SweepReport::new(
+                removed,
+                batches,
+                started.elapsed(),
+                SweepOutcome::BudgetSpent,
+            ));
+        }
+    }
+}
+
+/// Runs one pass on `store` and reports it: a span (`idemkey.sweep`), metrics (feature
+/// `metrics`: records removed, pass duration, passes skipped, the time of the last
+/// complete pass, the sweep lag), and a WARN line when the pass fails or runs out of
+/// budget with work left. What [`spawn_sweeper`] and the `idemkey sweep` command run.
+///
+/// # Errors
+/// The store failed (the pass stopped; what it removed before stays removed).
+pub async fn sweep_and_report(
+    store: &dyn Store,
+    options: &SweepOptions,
+) -> Result<SweepReport, StoreError> {
+    let kind = store.kind();
+    let span = tracing::info_span!(
+        "idemkey.sweep",
+        idemkey.store.kind = kind,
+        idemkey.sweep.removed = tracing::field::Empty,
+        idemkey.sweep.batches = tracing::field::Empty,
+        idemkey.sweep.outcome = tracing::field::Empty,
+    );
+    let result = tracing::Instrument::instrument(store.sweep_pass(options), span.clone()).await;
+    match &result {
+        Ok(report) => {
+            span.record("idemkey.sweep.removed", report.removed());
+            span.record("idemkey.sweep.batches", report.batches());
+            span.record("idemkey.sweep.outcome", report.outcome().as_str());
+            if report.outcome() == SweepOutcome::BudgetSpent {
+                tracing::warn!(
+                    store = kind,
+                    removed = report.removed(),
+                    lag_seconds = report.lag().map(|l| l.as_secs_f64()),
+                    "idempotency store sweep ran out of its time budget with expired records left"
+                );
+            } else {
+                tracing::debug!(
+                    store = kind,
+                    removed = report.removed(),
+                    outcome = report.outcome().as_str(),
+                    "idempotency store swept"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(store = kind, error = %e, "idempotency store sweep failed"),
+    }
+    #[cfg(feature = "metrics")]
+    if let Ok(report) = &result {
+        record_metrics(kind, report);
+    }
+    result
+}
+
+#[cfg(feature = "metrics")]
+fn record_metrics(kind: &'static str, report: &SweepReport) {
+    use idemkey_core::telemetry::{
+        SWEEP_DURATION, SWEEP_LAG, SWEEP_LAST_COMPLETE, SWEEP_REMOVED, SWEEP_SKIPPED,
+    };
+    if report.outcome() == SweepOutcome::Skipped {
+        metrics::counter!(SWEEP_SKIPPED, "store" => kind).increment(1);
+        return;
+    }
+    metrics::counter!(SWEEP_REMOVED, "store" => kind).increment(report.removed());
+    metrics::histogram!(SWEEP_DURATION, "store" => kind, "outcome" => report.outcome().as_str())
+        .record(report.duration().as_secs_f64());
+    if report.outcome() == SweepOutcome::Complete {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        metrics::gauge!(SWEEP_LAST_COMPLETE, "store" => kind).set(now.as_secs_f64());
+    }
+    if let Some(lag) = report.lag() {
+        metrics::gauge!(SWEEP_LAG, "store" => kind).set(lag.as_secs_f64());
+    }
+}
+
+/// Spawns a task that runs a sweep pass ([`Store::sweep_pass`] with
+/// [`SweepOptions::default`]: batches of 1,000, exclusive) every `every` (first after one
+/// period), for stores that keep expired records until swept (PostgreSQL, MySQL/MariaDB,
+/// SQLite). However many instances run it on one database, one sweeps at a time: the
+/// others skip that period. A failed pass is logged (`tracing`, warn) and tried again
+/// next period. The task ends when the returned handle is aborted or the runtime shuts
+/// down.
 ///
 /// ```
 /// use idemkey::store::{MemoryStore, Store, spawn_sweeper};
@@ -23,15 +329,14 @@ pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration) -> tokio::task::Joi
     // `Instant + Duration` panics on overflow: a period of `Duration::MAX` ("never")
     // is held to 100 years, like every other "forever" in the stores.
     let every = clamp_forever(every).max(Duration::from_millis(1));
+    // A pass never takes longer than its period: the rest waits for the next one.
+    let options = SweepOptions::default().max_duration(every);
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            match store.sweep().await {
-                Ok(n) => tracing::debug!(removed = n, "idempotency store swept"),
-                Err(e) => tracing::warn!(error = %e, "idempotency store sweep failed"),
-            }
+            let _ = sweep_and_report(store.as_ref(), &options).await;
         }
     })
 }
