@@ -11,7 +11,9 @@
 //! shows up there as idemkey's warnings).
 //!
 //! `--store` takes any connection string of `idemkey::store::open`; several servers
-//! given one Redis or PostgreSQL share their records.
+//! given one Redis or PostgreSQL share their records. The memory store is bounded
+//! (1,000,000 records or 512 MiB by default; `--store 'memory://?max_records=N'` for
+//! another bound): when it is full, new keys get `503 store-full`.
 //!
 //! It does not wait forever for a client: a connection whose request head has not
 //! arrived within `--header-read-timeout-ms` (default 10 000) is closed, and a body
@@ -65,8 +67,9 @@ use charge_app::ChargeApp;
 
 const USAGE: &str = "usage: charge_server --addr HOST:PORT [--store URL]
                      [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]
-  stores: memory (default), sqlite://PATH, redis://HOST:PORT, postgres://USER@HOST:PORT/DB,
-          mysql://USER@HOST:PORT/DB, dynamodb://TABLE?region=REGION
+  stores: memory (default; bounded: memory://?max_records=N&max_bytes=SIZE), sqlite://PATH,
+          redis://HOST:PORT, postgres://USER@HOST:PORT/DB, mysql://USER@HOST:PORT/DB,
+          dynamodb://TABLE?region=REGION
   (each needs its feature: cargo run --features redis --example charge_server -- ...;
    or sqlite, postgres, mysql, dynamodb; --all-features for all)
   timeouts: 10000 ms for a request head, 30000 ms for a body, by default";

@@ -143,6 +143,42 @@ async fn a_put_to_the_charge_route_does_not_burn_its_key() {
     assert!(!post.replayed());
 }
 
+/// `charge_server --store 'memory://?max_records=3'`: three keys are recorded, the
+/// fourth is refused with `503 store-full` and `Retry-After`, and the three still
+/// replay; nothing runs twice.
+#[tokio::test]
+async fn a_bounded_memory_store_refuses_new_keys_and_keeps_replaying() {
+    let server = ExampleServer::start("charge_server", &["--store", "memory://?max_records=3"]);
+    let client = support::verifier::http();
+    let keys: Vec<String> = (0..4).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    for key in &keys[..3] {
+        let first = support::apps::charge(&client, server.addr(), key).await;
+        assert_eq!(first.status, 200, "{first:?}");
+    }
+    let full = support::apps::charge(&client, server.addr(), &keys[3]).await;
+    assert_eq!(full.status, 503, "{full:?}");
+    assert!(full.headers.contains_key("retry-after"), "{full:?}");
+    let problem: serde_json::Value = serde_json::from_slice(&full.body).expect("a problem");
+    assert_eq!(
+        problem["type"], "urn:idemkey:problem:store-full",
+        "{problem}"
+    );
+    for key in &keys[..3] {
+        let again = support::apps::charge(&client, server.addr(), key).await;
+        assert_eq!(again.status, 200, "{again:?}");
+        assert!(again.replayed(), "a recorded key still replays: {again:?}");
+    }
+    let stats: serde_json::Value = client
+        .get(server.url("/stats"))
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(stats["executions"], 3, "{stats}");
+}
+
 /// The value of the sample `series` (name and labels as Prometheus prints them) in the
 /// page at `GET /metrics`; the page must be Prometheus text.
 #[cfg(feature = "metrics")]
