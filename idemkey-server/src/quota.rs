@@ -203,8 +203,8 @@ impl Quota {
     /// Keep the buckets in the store, so that every instance over the store spends one
     /// quota ([`Store::claim_charged`](crate::store::Store::claim_charged), one round
     /// trip per claim on Redis, like the claim alone). A store that does not keep
-    /// buckets fails every claim with
-    /// [`StoreError::is_unsupported`](crate::store::StoreError::is_unsupported) (so
+    /// buckets fails every new key's claim with
+    /// [`StoreError::is_configuration`](crate::store::StoreError::is_configuration) (so
     /// `503 store-unavailable`): the engine does not quietly fall back to per-process
     /// buckets, which would let N instances allow N times the quota.
     ///

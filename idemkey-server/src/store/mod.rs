@@ -405,7 +405,7 @@ pub trait Store: Send + Sync + 'static {
     /// token, and [`ChargedClaim::OverQuota`] leaves the store as it was otherwise. A
     /// takeover of an expired claim is not a new record and takes no token.
     ///
-    /// The default fails with [`StoreError::is_unsupported`]: a store without buckets
+    /// The default fails with [`StoreError::is_configuration`]: a store without buckets
     /// of its own (every store but Redis today) serves per-process quotas, which the
     /// engine keeps itself.
     async fn claim_charged(
@@ -414,9 +414,10 @@ pub trait Store: Send + Sync + 'static {
         charge: QuotaCharge<'_>,
     ) -> Result<ChargedClaim, StoreError> {
         let _ = (req, charge);
-        Err(StoreError::unsupported(
-            "claim_charged (a quota shared through the store; use a per-process quota with this store)",
-        ))
+        Err(StoreError::configuration(format!(
+            "a quota shared through the store (Quota::shared) needs a store that keeps buckets, and this {} store does not: use a per-process quota with it (leave out Quota::shared), or a store that does (RedisStore)",
+            self.kind()
+        )))
     }
 
     /// Up to `limit` in-progress records (live, or abandoned with an expired lease),
