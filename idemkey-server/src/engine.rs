@@ -95,6 +95,7 @@ impl fmt::Debug for Engine {
             .field("renew_every", &self.cfg.renew_every)
             .field("retention", &self.cfg.retention)
             .field("fail_open", &self.cfg.fail_open)
+            .field("quota", &self.quota())
             .finish_non_exhaustive()
     }
 }

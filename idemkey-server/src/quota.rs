@@ -509,15 +509,24 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_bucket_refills_at_its_rate_up_to_its_burst() {
-        let s = state(Quota::per_second(2).expect("admitted").burst(3).expect("admitted"));
+        let s = state(
+            Quota::per_second(2)
+                .expect("admitted")
+                .burst(3)
+                .expect("admitted"),
+        );
         let id = QuotaState::bucket_of("a");
         for _ in 0..3 {
-            s.admit(&id, true, Duration::ZERO).expect("admitted").spend();
+            s.admit(&id, true, Duration::ZERO)
+                .expect("admitted")
+                .spend();
         }
         let refused = s.admit(&id, true, Duration::ZERO).expect_err("refused");
         assert_eq!(refused.retry_after, Duration::from_millis(500));
         tokio::time::advance(Duration::from_millis(500)).await;
-        s.admit(&id, true, Duration::ZERO).expect("admitted").spend();
+        s.admit(&id, true, Duration::ZERO)
+            .expect("admitted")
+            .spend();
         assert!(s.admit(&id, true, Duration::ZERO).is_err());
         // Another scope has its own bucket.
         s.admit(&QuotaState::bucket_of("b"), true, Duration::ZERO)
@@ -527,21 +536,36 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refund_gives_the_token_back_and_a_drop_the_slot() {
-        let s = state(Quota::per_second(1).expect("admitted").max_in_progress(1).expect("admitted"));
+        let s = state(
+            Quota::per_second(1)
+                .expect("admitted")
+                .max_in_progress(1)
+                .expect("admitted"),
+        );
         let id = QuotaState::bucket_of("a");
-        s.admit(&id, true, Duration::ZERO).expect("admitted").refund();
-        let held = s.admit(&id, true, Duration::ZERO).expect("admitted").spend();
+        s.admit(&id, true, Duration::ZERO)
+            .expect("admitted")
+            .refund();
+        let held = s
+            .admit(&id, true, Duration::ZERO)
+            .expect("admitted")
+            .spend();
         assert!(held.is_some());
         tokio::time::advance(Duration::from_secs(5)).await;
         // Tokens are there again, the slot is not.
         assert!(s.admit(&id, true, Duration::from_secs(1)).is_err());
         drop(held);
-        s.admit(&id, true, Duration::ZERO).expect("admitted").spend();
+        s.admit(&id, true, Duration::ZERO)
+            .expect("admitted")
+            .spend();
     }
 
     #[tokio::test(start_paused = true)]
     async fn idle_scopes_are_forgotten_and_a_full_table_overflows_into_one_bucket() {
-        let q = Quota::per_second(1).expect("admitted").max_scopes(2).expect("admitted");
+        let q = Quota::per_second(1)
+            .expect("admitted")
+            .max_scopes(2)
+            .expect("admitted");
         let s = state(q);
         for scope in ["a", "b"] {
             s.admit(&QuotaState::bucket_of(scope), true, Duration::ZERO)
@@ -573,11 +597,29 @@ mod tests {
             assert!(e.to_string().contains("new keys a second"), "{e}");
         }
         assert!(Quota::per_minute(0).is_err());
-        assert!(Quota::per_second(1).expect("admitted").max_in_progress(0).is_err());
+        assert!(
+            Quota::per_second(1)
+                .expect("admitted")
+                .max_in_progress(0)
+                .is_err()
+        );
         assert!(Quota::in_progress_only(0).is_err());
-        assert!(Quota::in_progress_only(1).expect("admitted").burst(5).is_err());
-        assert!(Quota::per_second(1).expect("admitted").max_scopes(0).is_err());
-        assert_eq!(Quota::per_second(0.25).expect("admitted").burst_size(), Some(1));
+        assert!(
+            Quota::in_progress_only(1)
+                .expect("admitted")
+                .burst(5)
+                .is_err()
+        );
+        assert!(
+            Quota::per_second(1)
+                .expect("admitted")
+                .max_scopes(0)
+                .is_err()
+        );
+        assert_eq!(
+            Quota::per_second(0.25).expect("admitted").burst_size(),
+            Some(1)
+        );
         assert_eq!(
             Quota::per_second(1e12).expect("admitted").burst_size(),
             Some(u32::MAX)

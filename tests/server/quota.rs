@@ -438,3 +438,58 @@ fn bad_settings_are_refused_with_a_clear_error() {
         (Some(60.0), Some(300))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_quota_on_a_redis_cluster_is_one_limit_and_replays_give_their_token_back() {
+    let cluster = support::RedisCluster::start();
+    let prefix = format!("{}:", support::unique("quota"));
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::cluster(cluster.urls())
+            .prefix(prefix.clone())
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("the private Redis Cluster must be reachable: {e}"));
+        engines.push(Engine::builder(store).quota(hourly(3).shared()).build());
+    }
+    let (one, two) = (&engines[0], &engines[1]);
+    let fp = Fingerprint::of_bytes(b"x");
+    let key = |k: &str| IdempotencyKey::new(k).expect("key");
+
+    let Claimed::Execute(exec) = one.claim("agent", &key("k-1"), &fp).await.expect("claim") else {
+        panic!("a new key runs")
+    };
+    exec.complete("done".into()).await.expect("complete");
+    // Replays while the bucket has tokens: each takes one and gives it back.
+    for engine in [one, two, one] {
+        let replay = engine
+            .claim("agent", &key("k-1"), &fp)
+            .await
+            .expect("claim");
+        assert!(matches!(replay, Claimed::Replay(_)), "{replay:?}");
+    }
+    for (engine, k) in [(two, "k-2"), (one, "k-3")] {
+        let claimed = engine.claim("agent", &key(k), &fp).await.expect("claim");
+        assert!(matches!(claimed, Claimed::Execute(_)), "{k}: {claimed:?}");
+    }
+    // Three new keys between them: the fourth is refused by both.
+    for engine in [one, two] {
+        let refused = engine
+            .claim("agent", &key("k-4"), &fp)
+            .await
+            .expect("claim");
+        assert!(
+            matches!(refused, Claimed::QuotaExceeded { .. }),
+            "{refused:?}"
+        );
+    }
+    // With the bucket empty, the replay is still answered.
+    let replay = two.claim("agent", &key("k-1"), &fp).await.expect("claim");
+    assert!(matches!(replay, Claimed::Replay(_)), "{replay:?}");
+    assert!(
+        one.inspect("agent", "k-4")
+            .await
+            .expect("inspect")
+            .is_none()
+    );
+}
