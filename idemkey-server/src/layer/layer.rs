@@ -36,7 +36,8 @@ use idemkey_core::protocol::{Problem, ReplayHeader};
 ///    and trailers, plus `Idempotent-Replayed: true`), a key of another request gets
 ///    `422`, a running one `409` with `Retry-After` (or, with
 ///    [`IdempotencyLayer::in_progress`], waits for its answer first), a failing store
-///    `503` with `Retry-After`,
+///    `503` with `Retry-After`, a new key from a scope over its
+///    [quota](IdempotencyLayer::quota) `429` with `Retry-After`,
 /// 6. runs the inner service while renewing the lease, in place; if the caller goes
 ///    away (hyper drops the response future), the rest moves **to a spawned task**, so
 ///    a client that disconnects does not cancel the handler: its response is still
