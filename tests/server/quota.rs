@@ -493,3 +493,87 @@ async fn a_shared_quota_on_a_redis_cluster_is_one_limit_and_replays_give_their_t
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn a_slot_is_held_while_a_disconnected_callers_handler_runs_on_and_freed_when_it_ends_or_panics()
+ {
+    let gate = Gate::default();
+    let runs = Runs::default();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post({
+                let (runs, gate) = (runs.clone(), gate.clone());
+                move |headers: http::HeaderMap| {
+                    let (runs, gate) = (runs.clone(), gate.clone());
+                    async move {
+                        let key = headers["idempotency-key"]
+                            .to_str()
+                            .expect("ascii")
+                            .to_owned();
+                        assert!(key != "boom", "the handler panicked");
+                        gate.pass().await;
+                        *runs.0.lock().expect("runs").entry(key.clone()).or_default() += 1;
+                        format!("charged {key}")
+                    }
+                }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+                .scope(HeaderScope::new(http::HeaderName::from_static("x-agent")))
+                .quota(Quota::in_progress_only(1).expect("valid")),
+        );
+    let server = support::serve(app).await;
+
+    // The caller goes away while its handler runs: the handler goes on, holding the slot.
+    let caller = tokio::spawn({
+        let url = server.url("/charges");
+        async move {
+            http()
+                .post(url)
+                .header("x-agent", "a")
+                .header("idempotency-key", "left")
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+        }
+    });
+    gate.wait_entered(1).await;
+    caller.abort();
+    let _ = caller.await;
+    assert_quota_exceeded(&charge(&server, "a", "next").await, "1");
+    // It ends, is recorded, and gives the slot back.
+    gate.open(1);
+    let mut tries = 0;
+    let replay = loop {
+        let a = charge(&server, "a", "left").await;
+        if a.status != 409 {
+            break a;
+        }
+        tries += 1;
+        assert!(
+            tries < 2000,
+            "the detached handler's outcome was never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(replay.replayed(), "{replay:?}");
+    gate.open(1);
+    assert_eq!(charge(&server, "a", "next").await.status, 200);
+
+    // A handler that panics gives its slot back too.
+    let boom = http()
+        .post(server.url("/charges"))
+        .header("x-agent", "a")
+        .header("idempotency-key", "boom")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await;
+    assert!(boom.is_err() || boom.is_ok_and(|r| r.status().is_server_error()));
+    gate.open(1);
+    assert_eq!(charge(&server, "a", "after-boom").await.status, 200);
+    assert_eq!((runs.of("left"), runs.of("next"), runs.total()), (1, 1, 3));
+}
