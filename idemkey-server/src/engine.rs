@@ -584,10 +584,11 @@ impl Engine {
             return self.claim_store(id, fingerprint, None).await;
         };
         let quota = state.quota;
-        let bucket = QuotaState::bucket_of(scope);
-        let charge = match (quota.is_shared(), quota.rate_per_second()) {
-            (true, Some(rate)) => Some(QuotaCharge::new(
-                &bucket,
+        // Only a shared bucket needs an address every process agrees on (a SHA-256).
+        let bucket = quota.is_shared().then(|| QuotaState::bucket_of(scope));
+        let charge = match (&bucket, quota.rate_per_second()) {
+            (Some(bucket), Some(rate)) => Some(QuotaCharge::new(
+                bucket,
                 rate,
                 quota.burst_size().unwrap_or(1),
             )),
@@ -599,8 +600,7 @@ impl Engine {
         }
         // Check, then claim: the token is taken first and given back when the claim
         // finds a live record (charging after the claim would leave a record behind).
-        let permit = match state.admit(&bucket, charge.is_none(), self.cfg.in_progress_retry_after)
-        {
+        let permit = match state.admit(scope, charge.is_none(), self.cfg.in_progress_retry_after) {
             Ok(permit) => permit,
             Err(refused) => {
                 return self

@@ -280,11 +280,15 @@ fn burst_of(rate: f64) -> u32 {
 /// from it.
 pub(crate) struct QuotaState {
     pub(crate) quota: Quota,
+    /// Two seeded hashes of a scope make its key in the map: 128 bits that nobody who
+    /// does not know the seeds can make two scopes share, for a few instructions (a
+    /// SHA-256 of the scope would cost more than the rest of the admission).
+    seeds: (IdHashBuilder, IdHashBuilder),
     buckets: Mutex<Buckets>,
 }
 
 struct Buckets {
-    map: HashMap<RecordId, Bucket, IdHashBuilder>,
+    map: HashMap<u128, Bucket, IdHashBuilder>,
     /// Where new scopes go while the map is full of busy ones.
     overflow: Bucket,
     /// When the map may be swept again for idle buckets.
@@ -315,7 +319,7 @@ pub(crate) struct Permit {
 
 #[derive(Clone, Copy)]
 enum Slot {
-    Scope(RecordId),
+    Scope(u128),
     Overflow,
 }
 
@@ -354,6 +358,7 @@ impl QuotaState {
     pub(crate) fn new(quota: Quota) -> Arc<Self> {
         Arc::new(Self {
             quota,
+            seeds: (IdHashBuilder::default(), IdHashBuilder::default()),
             buckets: Mutex::new(Buckets {
                 map: HashMap::default(),
                 overflow: Bucket::full(&quota, Instant::now()),
@@ -362,10 +367,17 @@ impl QuotaState {
         })
     }
 
-    /// The address of `scope`'s bucket: a hash (raw scopes are kept nowhere). No key
-    /// is empty, so it is no record's id.
+    /// The address of `scope`'s bucket in a store ([`Quota::shared`]): a hash, the same
+    /// in every process (raw scopes are kept nowhere). No key is empty, so it is no
+    /// record's id.
     pub(crate) fn bucket_of(scope: &str) -> RecordId {
         RecordId::new(scope, "")
+    }
+
+    /// The key of `scope`'s bucket in this process's map.
+    fn local_key(&self, scope: &str) -> u128 {
+        use std::hash::BuildHasher;
+        (u128::from(self.seeds.0.hash_one(scope)) << 64) | u128::from(self.seeds.1.hash_one(scope))
     }
 
     fn lock(&self) -> MutexGuard<'_, Buckets> {
@@ -373,22 +385,23 @@ impl QuotaState {
         self.buckets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits a claim for `bucket`: takes a token (unless `charge` is false: a shared
+    /// Admits a claim of `scope`: takes a token (unless `charge` is false: a shared
     /// quota charges in the store) and an in-progress slot when the quota caps them.
     /// `in_progress_retry` is the advice when the cap refuses.
     pub(crate) fn admit(
         self: &Arc<Self>,
-        bucket: &RecordId,
+        scope: &str,
         charge: bool,
         in_progress_retry: Duration,
     ) -> Result<Permit, Refused> {
         let q = self.quota;
         let charge = charge && q.rate.is_some();
+        let key = self.local_key(scope);
         let now = Instant::now();
         let mut b = self.lock();
         b.sweep(&q, now);
-        let slot = if b.map.contains_key(bucket) || b.map.len() < q.max_scopes {
-            Slot::Scope(*bucket)
+        let slot = if b.map.len() < q.max_scopes || b.map.contains_key(&key) {
+            Slot::Scope(key)
         } else {
             Slot::Overflow
         };
@@ -515,21 +528,17 @@ mod tests {
                 .burst(3)
                 .expect("admitted"),
         );
-        let id = QuotaState::bucket_of("a");
+        let id = "a";
         for _ in 0..3 {
-            s.admit(&id, true, Duration::ZERO)
-                .expect("admitted")
-                .spend();
+            s.admit(id, true, Duration::ZERO).expect("admitted").spend();
         }
-        let refused = s.admit(&id, true, Duration::ZERO).expect_err("refused");
+        let refused = s.admit(id, true, Duration::ZERO).expect_err("refused");
         assert_eq!(refused.retry_after, Duration::from_millis(500));
         tokio::time::advance(Duration::from_millis(500)).await;
-        s.admit(&id, true, Duration::ZERO)
-            .expect("admitted")
-            .spend();
-        assert!(s.admit(&id, true, Duration::ZERO).is_err());
+        s.admit(id, true, Duration::ZERO).expect("admitted").spend();
+        assert!(s.admit(id, true, Duration::ZERO).is_err());
         // Another scope has its own bucket.
-        s.admit(&QuotaState::bucket_of("b"), true, Duration::ZERO)
+        s.admit("b", true, Duration::ZERO)
             .expect("admitted")
             .spend();
     }
@@ -542,22 +551,17 @@ mod tests {
                 .max_in_progress(1)
                 .expect("admitted"),
         );
-        let id = QuotaState::bucket_of("a");
-        s.admit(&id, true, Duration::ZERO)
+        let id = "a";
+        s.admit(id, true, Duration::ZERO)
             .expect("admitted")
             .refund();
-        let held = s
-            .admit(&id, true, Duration::ZERO)
-            .expect("admitted")
-            .spend();
+        let held = s.admit(id, true, Duration::ZERO).expect("admitted").spend();
         assert!(held.is_some());
         tokio::time::advance(Duration::from_secs(5)).await;
         // Tokens are there again, the slot is not.
-        assert!(s.admit(&id, true, Duration::from_secs(1)).is_err());
+        assert!(s.admit(id, true, Duration::from_secs(1)).is_err());
         drop(held);
-        s.admit(&id, true, Duration::ZERO)
-            .expect("admitted")
-            .spend();
+        s.admit(id, true, Duration::ZERO).expect("admitted").spend();
     }
 
     #[tokio::test(start_paused = true)]
@@ -568,23 +572,20 @@ mod tests {
             .expect("admitted");
         let s = state(q);
         for scope in ["a", "b"] {
-            s.admit(&QuotaState::bucket_of(scope), true, Duration::ZERO)
+            s.admit(scope, true, Duration::ZERO)
                 .expect("admitted")
                 .spend();
         }
         tokio::time::advance(Duration::from_millis(1)).await;
         // "c" and "d" share the overflow bucket (one token).
-        s.admit(&QuotaState::bucket_of("c"), true, Duration::ZERO)
+        s.admit("c", true, Duration::ZERO)
             .expect("admitted")
             .spend();
-        assert!(
-            s.admit(&QuotaState::bucket_of("d"), true, Duration::ZERO)
-                .is_err()
-        );
+        assert!(s.admit("d", true, Duration::ZERO).is_err());
         assert_eq!(s.lock().map.len(), 2);
         // Once "a" and "b" are full again, they are forgotten.
         tokio::time::advance(Duration::from_secs(2)).await;
-        s.admit(&QuotaState::bucket_of("d"), true, Duration::ZERO)
+        s.admit("d", true, Duration::ZERO)
             .expect("admitted")
             .spend();
         assert_eq!(s.lock().map.len(), 1);

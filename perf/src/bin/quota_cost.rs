@@ -13,8 +13,12 @@
 //! without persistence, killed by its process id at the end. Each round sends
 //! `--requests` fresh keys one after another, spread over 64 scopes; the quota is far
 //! above what the run reaches, so that every claim is admitted and only the charging is
-//! measured. The figure is the median over the rounds of nanoseconds per fresh request,
-//! and its ratio to the baseline of its store; the figures go to standard error.
+//! measured. Three figures per variant, each the median over the rounds of a fresh
+//! request's share, and its ratio to the baseline of its store: wall time; this
+//! program's CPU time (the engine and the client side of the store, on one thread: the
+//! runtime is current-thread), which the machine's other load barely moves; and
+//! Redis's own CPU (`usec` of `INFO commandstats`, the private server serving this
+//! program alone). The figures go to standard error.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -88,8 +92,72 @@ fn unreachable_quota() -> Result<Quota, String> {
         .map_err(|e| e.to_string())
 }
 
-/// `n` fresh keys through `engine`, one after another; nanoseconds per request.
-async fn round(engine: &Engine, tag: &str, n: usize) -> Result<f64, String> {
+/// This thread's CPU time, in nanoseconds.
+#[allow(clippy::cast_precision_loss, reason = "a measurement")]
+fn thread_cpu_ns() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 * 1e9 + t.tv_nsec as f64
+}
+
+/// Microseconds of CPU Redis spent on every command but `INFO` since it started.
+async fn redis_usec(admin: &mut redis::aio::MultiplexedConnection) -> Result<f64, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .map_err(|e| format!("INFO: {e}"))?;
+    let mut usec = 0_u64;
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if name == "info" {
+            continue;
+        }
+        usec += rest
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("usec="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    #[allow(clippy::cast_precision_loss, reason = "a measurement")]
+    Ok(usec as f64)
+}
+
+/// Per fresh request: wall ns, this thread's CPU ns, Redis's CPU ns.
+#[derive(Clone, Copy)]
+struct Figures {
+    wall: f64,
+    cpu: f64,
+    redis: f64,
+}
+
+/// `n` fresh keys through `engine`, one after another: [`Figures`] per request.
+async fn round(
+    engine: &Engine,
+    admin: &mut redis::aio::MultiplexedConnection,
+    tag: &str,
+    n: usize,
+) -> Result<Figures, String> {
+    #[allow(clippy::cast_precision_loss, reason = "a measurement")]
+    let per = n as f64;
+    let redis_before = redis_usec(admin).await?;
+    let cpu_before = thread_cpu_ns();
+    let wall = timed(engine, tag, n).await?;
+    let cpu = thread_cpu_ns() - cpu_before;
+    let redis = redis_usec(admin).await? - redis_before;
+    Ok(Figures {
+        wall: wall / per,
+        cpu: cpu / per,
+        redis: redis * 1000.0 / per,
+    })
+}
+
+/// `n` fresh keys through `engine`, one after another; the wall time in nanoseconds.
+async fn timed(engine: &Engine, tag: &str, n: usize) -> Result<f64, String> {
     let fp = Fingerprint::of_bytes(b"a charge of 1000 eur");
     let scopes: Vec<String> = (0..SCOPES).map(|i| format!("tenant-{i}")).collect();
     let run = uuid::Uuid::new_v4().simple().to_string();
@@ -110,7 +178,7 @@ async fn round(engine: &Engine, tag: &str, n: usize) -> Result<f64, String> {
         }
     }
     #[allow(clippy::cast_precision_loss, reason = "a measurement")]
-    Ok(start.elapsed().as_nanos() as f64 / n as f64)
+    Ok(start.elapsed().as_nanos() as f64)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -122,6 +190,11 @@ async fn run() -> Result<(), String> {
     let (requests, rounds) = args()?;
     let server = start_server()?;
     let url = format!("redis://127.0.0.1:{}", server.port);
+    let mut admin = redis::Client::open(url.as_str())
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
     let redis = || async {
         RedisStore::builder(url.clone())
             .prefix("quota-cost:")
@@ -170,27 +243,40 @@ async fn run() -> Result<(), String> {
     ];
     // Warm-up: connections, scripts, allocator.
     for (i, (_, _, engine)) in variants.iter().enumerate() {
-        round(engine, &format!("warm{i}"), requests / 4 + 1).await?;
+        round(engine, &mut admin, &format!("warm{i}"), requests / 4 + 1).await?;
     }
     let mut figures = vec![Vec::with_capacity(rounds); variants.len()];
     for r in 0..rounds {
         for (i, (_, _, engine)) in variants.iter().enumerate() {
-            figures[i].push(round(engine, &format!("r{r}v{i}"), requests).await?);
+            figures[i].push(round(engine, &mut admin, &format!("r{r}v{i}"), requests).await?);
         }
     }
-    let medians: Vec<f64> = figures.iter_mut().map(|f| median(f)).collect();
-    eprintln!("{requests} fresh requests per round, {rounds} rounds, median ns per request:");
-    eprintln!("| store | quota | ns / fresh request | / no quota |");
-    eprintln!("|---|---|---|---|");
+    let med = |pick: fn(&Figures) -> f64| -> Vec<f64> {
+        figures
+            .iter()
+            .map(|f| median(&mut f.iter().map(pick).collect::<Vec<_>>()))
+            .collect()
+    };
+    let (wall, cpu, redis) = (med(|f| f.wall), med(|f| f.cpu), med(|f| f.redis));
+    eprintln!("{requests} fresh requests per round, {rounds} rounds, medians per fresh request:");
+    eprintln!(
+        "| store | quota | wall ns | / no quota | client CPU ns | / no quota | Redis CPU ns | / no quota |"
+    );
+    eprintln!("|---|---|---|---|---|---|---|---|");
     for (i, (store, what, _)) in variants.iter().enumerate() {
-        let base = variants
+        let b = variants
             .iter()
             .position(|(s, _, _)| s == store)
-            .map_or(medians[i], |b| medians[b]);
+            .unwrap_or(i);
+        let ratio = |v: &[f64]| if v[b] > 0.0 { v[i] / v[b] } else { 1.0 };
         eprintln!(
-            "| {store} | {what} | {:.0} | {:.3} |",
-            medians[i],
-            medians[i] / base
+            "| {store} | {what} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} |",
+            wall[i],
+            ratio(&wall),
+            cpu[i],
+            ratio(&cpu),
+            redis[i],
+            ratio(&redis)
         );
     }
     drop(server);

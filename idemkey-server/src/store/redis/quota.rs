@@ -2,11 +2,14 @@
 //! the scope's token bucket is a hash beside the records, charged by the claim's own
 //! script, so a new key still costs one round trip.
 //!
-//! The bucket of a scope is `<prefix>quota:{<bucket id hex>}`, a hash of two fields:
-//! `t`, the tokens left (a float), and `at`, when they were counted (milliseconds of the
-//! Redis clock). An absent bucket is full; a bucket expires once it would be full
-//! again, so idle scopes cost no memory. Its key is not under the records' pattern
-//! (`<prefix>{...}`), so listing records never meets it.
+//! The bucket of a scope is `<prefix>quota:{<bucket id hex>}`, one number: the bucket's
+//! theoretical arrival time (GCRA, the token bucket written as one time: microseconds
+//! of the Redis clock at which the bucket would be full again). With `T` the time one
+//! token takes to come back and `burst` the bucket's size, a key is new at `now` when
+//! `tat - now <= (burst - 1) * T`, and then `tat` moves on by `T`; otherwise a token is
+//! back in `tat - now - (burst - 1) * T`. An absent bucket is full, and a bucket expires
+//! when it would be full again, so idle scopes cost no memory. Its key is not under the
+//! records' pattern (`<prefix>{...}`), so listing records never meets it.
 //!
 //! One server: the claim and the charge are one script over both keys (atomic). On a
 //! Redis Cluster the two keys live in different slots, which one script cannot touch,
@@ -25,46 +28,49 @@ use super::conn::{Conn, unavailable};
 use crate::store::{ChargedClaim, Claim, ClaimRequest, QuotaCharge, Store, StoreError};
 
 /// `KEYS`: the record, the bucket. `ARGV`: the new in-progress record, its TTL ms, the
-/// rate in tokens per ms, the burst. Returns `{0, record, PTTL}` when a record is there
-/// (no token taken), `{1}` when the record was written (a token taken), `{2, ms}` when
-/// the bucket is empty (nothing written; a token is back in `ms`).
+/// microseconds one token takes to come back, the burst. Returns `{0, record, PTTL}`
+/// when a record is there (no token taken), `{1}` when the record was written (a token
+/// taken), `{2, ms}` when the bucket is empty (nothing written; a token is back in
+/// `ms`).
 pub(super) const CLAIM_CHARGED: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v then return {0, v, redis.call('PTTL', KEYS[1])} end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local rate, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
-local b = redis.call('HMGET', KEYS[2], 't', 'at')
-local tokens = burst
-if b[1] then tokens = math.min(burst, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate) end
-if tokens < 1 then return {2, math.ceil((1 - tokens) / rate)} end
-tokens = tokens - 1
-redis.call('HSET', KEYS[2], 't', string.format('%.17g', tokens), 'at', string.format('%d', now))
-redis.call('PEXPIRE', KEYS[2], string.format('%d', math.ceil((burst - tokens) / rate) + 1000))
+local now = t[1] * 1000000 + t[2]
+local interval = tonumber(ARGV[3])
+local tat = math.max(tonumber(redis.call('GET', KEYS[2]) or 0) or 0, now)
+local late = tat - now - (ARGV[4] - 1) * interval
+if late > 0 then return {2, math.ceil(late / 1000)} end
+tat = tat + interval
+redis.call('SET', KEYS[2], string.format('%.17g', tat), 'PX', string.format('%d', math.ceil((tat - now) / 1000) + 1))
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1}
 ";
 
-/// `KEYS`: the bucket. `ARGV`: the rate in tokens per ms, the burst, and `-1` to take
-/// a token or `1` to give one back. Returns `{1}` when taken (or given back), `{2, ms}`
-/// when the bucket is empty.
+/// `KEYS`: the bucket. `ARGV`: the microseconds one token takes to come back, the
+/// burst, and `-1` to take a token or `1` to give one back. Returns `{1}` when taken
+/// (or given back), `{2, ms}` when the bucket is empty.
 pub(super) const CHARGE: &str = r"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local rate, burst, delta = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local b = redis.call('HMGET', KEYS[1], 't', 'at')
-local tokens = burst
-if b[1] then tokens = math.min(burst, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate) end
-if delta < 0 and tokens < 1 then return {2, math.ceil((1 - tokens) / rate)} end
-tokens = math.min(burst, tokens + delta)
-redis.call('HSET', KEYS[1], 't', string.format('%.17g', tokens), 'at', string.format('%d', now))
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((burst - tokens) / rate) + 1000))
+local now = t[1] * 1000000 + t[2]
+local interval = tonumber(ARGV[1])
+local tat = math.max(tonumber(redis.call('GET', KEYS[1]) or 0) or 0, now)
+if ARGV[3] == '1' then
+  tat = math.max(tat - interval, now)
+  if tat <= now then redis.call('DEL', KEYS[1]) return {1} end
+else
+  local late = tat - now - (ARGV[2] - 1) * interval
+  if late > 0 then return {2, math.ceil(late / 1000)} end
+  tat = tat + interval
+end
+redis.call('SET', KEYS[1], string.format('%.17g', tat), 'PX', string.format('%d', math.ceil((tat - now) / 1000) + 1))
 return {1}
 ";
 
-/// The quota's rate as Redis scripts read it: tokens per millisecond.
-fn per_ms(charge: &QuotaCharge<'_>) -> String {
-    format!("{}", charge.per_second / 1000.0)
+/// The quota's rate as Redis scripts read it: the microseconds one token takes to come
+/// back.
+fn interval_us(charge: &QuotaCharge<'_>) -> String {
+    format!("{}", 1e6 / charge.per_second)
 }
 
 /// What a charging script answered: `Ok(None)` taken (or the record written),
@@ -124,7 +130,7 @@ impl RedisStore {
             .key(self.bucket_key(&charge))
             .arg(value)
             .arg(ttl)
-            .arg(per_ms(&charge))
+            .arg(interval_us(&charge))
             .arg(charge.burst)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -147,7 +153,7 @@ impl RedisStore {
             .scripts
             .charge
             .key(self.bucket_key(charge))
-            .arg(per_ms(charge))
+            .arg(interval_us(charge))
             .arg(charge.burst)
             .arg(delta)
             .invoke_async(&mut self.conn.clone())
