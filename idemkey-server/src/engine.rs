@@ -10,7 +10,12 @@ use super::execution::{Execution, Lease, Recordings};
 use super::telemetry::{Decision, EngineStore, ServerMetrics};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
-use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError};
+use crate::policy::Quota;
+use crate::quota::QuotaState;
+use crate::store::{
+    ChargedClaim, Claim, ClaimRequest, FencingToken, QuotaCharge, RecordId, RecordInfo, Store,
+    StoreError,
+};
 
 /// The verifier's core, independent of any HTTP framework: it claims a key, lets the
 /// caller run the operation while it renews the lease, then completes or releases it.
@@ -38,6 +43,7 @@ use crate::store::{Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Stor
 ///     Claimed::InProgress { retry_after } => println!("running elsewhere; ask again in {retry_after:?}"),
 ///     Claimed::KeyReused => println!("this key belongs to another operation"),
 ///     Claimed::Unguarded => unreachable!("only with fail_open"),
+///     Claimed::QuotaExceeded { retry_after } => println!("too many new keys; ask again in {retry_after:?}"),
 /// }
 /// assert!(matches!(engine.claim("tenant-a", &key, &fp).await?, Claimed::Replay(p) if p == "shipped"));
 /// # Ok(()) }
@@ -74,6 +80,9 @@ struct Config {
     in_progress_retry_after: Duration,
     /// Outcomes being recorded in the background, shared with derived engines.
     recordings: Arc<Recordings>,
+    /// The quota of new keys per scope and its per-process buckets, shared with
+    /// derived engines.
+    quota: Option<Arc<QuotaState>>,
     /// The metric handles, resolved once (shared with the observed store and derived
     /// engines).
     metrics: Arc<ServerMetrics>,
@@ -86,6 +95,7 @@ impl fmt::Debug for Engine {
             .field("renew_every", &self.cfg.renew_every)
             .field("retention", &self.cfg.retention)
             .field("fail_open", &self.cfg.fail_open)
+            .field("quota", &self.quota())
             .finish_non_exhaustive()
     }
 }
@@ -114,6 +124,16 @@ pub enum Claimed {
     /// The store failed and the engine is configured to fail open: run the operation
     /// without protection (nothing is recorded).
     Unguarded,
+    /// The scope is over its [quota](EngineBuilder::quota) of new keys (or of claims in
+    /// progress): nothing was recorded and nothing runs; the same key sent again after
+    /// `retry_after` is processed normally. Only a key without a live record gets this:
+    /// replays, in-progress answers and reused keys are answered as usual.
+    QuotaExceeded {
+        /// When the scope may send a new key again (a token is back in its bucket, or,
+        /// for the cap on claims in progress, the engine's
+        /// [`in_progress_retry_after`](EngineBuilder::in_progress_retry_after)).
+        retry_after: Duration,
+    },
 }
 
 /// The store failed, or is full, so the key could not be claimed and nothing ran (the
@@ -235,6 +255,43 @@ impl EngineBuilder {
         self
     }
 
+    /// A quota of new keys per scope (default: none): a scope over it gets
+    /// [`Claimed::QuotaExceeded`] for a key that has no live record, so the layer, the
+    /// function API and the webhook receivers over this engine all enforce it.
+    ///
+    /// Only new records spend quota. The engine takes a token before it claims and
+    /// gives it back when the claim finds a live record (a replay, an in-progress
+    /// answer, a reused key) or takes an abandoned one over: charging after the claim
+    /// would leave a record over the quota behind. When the bucket is empty, the engine
+    /// looks the record up ([`Store::inspect`]) and answers a live one as usual; only a
+    /// key with no record is refused. The buckets are per process unless the quota is
+    /// [`shared`](Quota::shared) through the store. See
+    /// [Quotas](crate#quotas) in the guide.
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::{Claimed, Engine, policy::Quota};
+    /// use idemkey::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::builder(MemoryStore::new())
+    ///     .quota(Quota::per_minute(1)?)
+    ///     .build();
+    /// let fp = Fingerprint::of_bytes(b"x");
+    /// let (first, second) = (IdempotencyKey::new("k-1")?, IdempotencyKey::new("k-2")?);
+    /// let Claimed::Execute(exec) = engine.claim("agent-7", &first, &fp).await? else { unreachable!() };
+    /// exec.complete("done".into()).await?;
+    /// assert!(matches!(engine.claim("agent-7", &second, &fp).await?, Claimed::QuotaExceeded { .. }));
+    /// // The replay of the first key spends nothing and is answered.
+    /// assert!(matches!(engine.claim("agent-7", &first, &fp).await?, Claimed::Replay(_)));
+    /// // Another scope has its own bucket.
+    /// assert!(matches!(engine.claim("agent-8", &second, &fp).await?, Claimed::Execute(_)));
+    /// # Ok(()) }
+    /// ```
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.cfg.quota = Some(QuotaState::new(quota));
+        self
+    }
+
     /// The engine.
     #[must_use]
     pub fn build(mut self) -> Engine {
@@ -283,6 +340,7 @@ impl Engine {
                 unavailable_retry_after: Engine::DEFAULT_UNAVAILABLE_RETRY_AFTER,
                 in_progress_retry_after: Engine::DEFAULT_IN_PROGRESS_RETRY_AFTER,
                 recordings: Arc::default(),
+                quota: None,
             },
         }
     }
@@ -322,6 +380,12 @@ impl Engine {
     #[must_use]
     pub fn retention(&self) -> Duration {
         self.cfg.retention
+    }
+
+    /// The quota of new keys per scope ([`EngineBuilder::quota`]), if any.
+    #[must_use]
+    pub fn quota(&self) -> Option<&Quota> {
+        self.cfg.quota.as_ref().map(|q| &q.quota)
     }
 
     /// How many outcomes are being recorded in the background right now (by this engine
@@ -431,7 +495,10 @@ impl Engine {
     ) -> Result<Claimed, ClaimError> {
         let id = RecordId::new(scope, key.as_str());
         super::telemetry::record_id(&id);
-        let claimed = self.claim_id(id, fingerprint.as_bytes()).await.map(|c| c.0);
+        let claimed = self
+            .claim_id(scope, id, fingerprint.as_bytes())
+            .await
+            .map(|c| c.0);
         Decision::of(&claimed).record(&self.cfg.metrics);
         claimed
     }
@@ -479,7 +546,9 @@ impl Engine {
     ) -> Result<Claimed, ClaimError> {
         let id = RecordId::new(scope, key.as_str());
         super::telemetry::record_id(&id);
-        let claimed = self.wait_for_claim(id, fingerprint.as_bytes(), up_to).await;
+        let claimed = self
+            .wait_for_claim(scope, id, fingerprint.as_bytes(), up_to)
+            .await;
         Decision::of(&claimed).record(&self.cfg.metrics);
         claimed
     }
@@ -487,11 +556,12 @@ impl Engine {
     /// [`Engine::claim_or_wait`] of a record id.
     async fn wait_for_claim(
         &self,
+        scope: &str,
         id: RecordId,
         fingerprint: &[u8],
         up_to: Duration,
     ) -> Result<Claimed, ClaimError> {
-        let (first, _) = self.claim_id(id, fingerprint).await?;
+        let (first, _) = self.claim_id(scope, id, fingerprint).await?;
         if !matches!(first, Claimed::InProgress { .. }) || up_to.is_zero() {
             return Ok(first);
         }
@@ -505,7 +575,7 @@ impl Engine {
         };
         loop {
             // Looked at after the watch was made: a settling from now on wakes it.
-            let (claimed, lease_remaining) = self.claim_id(id, fingerprint).await?;
+            let (claimed, lease_remaining) = self.claim_id(scope, id, fingerprint).await?;
             if !matches!(claimed, Claimed::InProgress { .. }) {
                 return Ok(claimed);
             }
@@ -518,25 +588,116 @@ impl Engine {
         }
     }
 
-    /// [`Engine::claim`] of a record id, with the owner's remaining lease when the key
-    /// is in progress.
+    /// [`Engine::claim`] of a record id within `scope`, with the owner's remaining lease
+    /// when the key is in progress: the quota's admission around the store's claim.
     async fn claim_id(
         &self,
+        scope: &str,
         id: RecordId,
         fingerprint: &[u8],
     ) -> Result<(Claimed, Option<Duration>), ClaimError> {
+        let Some(state) = &self.cfg.quota else {
+            return self.claim_store(id, fingerprint, None).await;
+        };
+        let quota = state.quota;
+        // Only a shared bucket needs an address every process agrees on (a SHA-256).
+        let bucket = quota.is_shared().then(|| QuotaState::bucket_of(scope));
+        let charge = match (&bucket, quota.rate_per_second()) {
+            (Some(bucket), Some(rate)) => Some(QuotaCharge::new(
+                bucket,
+                rate,
+                quota.burst_size().unwrap_or(1),
+            )),
+            _ => None,
+        };
+        if charge.is_some() && quota.in_progress_limit().is_none() {
+            // All in the store: nothing to admit here.
+            return self.claim_store(id, fingerprint, charge).await;
+        }
+        // Check, then claim: the token is taken first and given back when the claim
+        // finds a live record (charging after the claim would leave a record behind).
+        let permit = match state.admit(scope, charge.is_none(), self.cfg.in_progress_retry_after) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                return self
+                    .claim_over_quota(id, fingerprint, refused.retry_after)
+                    .await;
+            }
+        };
+        let (mut claimed, remaining) = self.claim_store(id, fingerprint, charge).await?;
+        match &mut claimed {
+            Claimed::Execute(exec) => {
+                let held = if exec.is_takeover() {
+                    permit.refund_token()
+                } else {
+                    permit.spend()
+                };
+                if let Some(slot) = held {
+                    exec.hold(slot);
+                }
+            }
+            _ => permit.refund(),
+        }
+        Ok((claimed, remaining))
+    }
+
+    /// A claim of a scope over its quota: answered as usual when the key has a live
+    /// record (nothing new would be written), refused otherwise.
+    async fn claim_over_quota(
+        &self,
+        id: RecordId,
+        fingerprint: &[u8],
+        retry_after: Duration,
+    ) -> Result<(Claimed, Option<Duration>), ClaimError> {
+        let refused = Ok((Claimed::QuotaExceeded { retry_after }, None));
+        match self.store().inspect(&id).await {
+            Ok(Some(_)) => {}
+            // No record, or none this store can show: a claim would make a new one.
+            Ok(None) => return refused,
+            Err(e) => {
+                tracing::debug!(record = %id, error = %e, "over quota and the record cannot be looked up; refused as new");
+                return refused;
+            }
+        }
+        match self.claim_store(id, fingerprint, None).await? {
+            (Claimed::Execute(exec), _) => {
+                // The record ended between the look-up and the claim: this claim made a
+                // record over the quota, so it gives it back.
+                if let Err(e) = exec.release().await {
+                    tracing::warn!(record = %id, error = %e, "could not release a claim made over the quota; its lease expires it");
+                }
+                refused
+            }
+            answered => Ok(answered),
+        }
+    }
+
+    /// The store's claim of a record id (charged to a bucket in the store with
+    /// `charge`), with the owner's remaining lease when the key is in progress.
+    async fn claim_store(
+        &self,
+        id: RecordId,
+        fingerprint: &[u8],
+        charge: Option<QuotaCharge<'_>>,
+    ) -> Result<(Claimed, Option<Duration>), ClaimError> {
         let token = FencingToken::random();
-        let claim = self
-            .cfg
-            .store
-            .claim(ClaimRequest {
-                id: &id,
-                fingerprint,
-                token,
-                lease: self.cfg.lease,
-                retention: self.cfg.retention,
-            })
-            .await;
+        let req = ClaimRequest {
+            id: &id,
+            fingerprint,
+            token,
+            lease: self.cfg.lease,
+            retention: self.cfg.retention,
+        };
+        let claim = match charge {
+            None => self.cfg.store.claim(req).await,
+            Some(charge) => match self.cfg.store.claim_charged(req, charge).await {
+                Ok(ChargedClaim::Claimed(claim)) => Ok(claim),
+                Ok(ChargedClaim::OverQuota { retry_after }) => {
+                    return Ok((Claimed::QuotaExceeded { retry_after }, None));
+                }
+                Err(e) => Err(e),
+            },
+        };
         let mut remaining = None;
         let claimed = match claim {
             Ok(Claim::Acquired { takeover }) => {

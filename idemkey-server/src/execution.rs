@@ -59,6 +59,9 @@ pub struct Execution {
     metrics: Arc<ServerMetrics>,
     lost: bool,
     done: bool,
+    /// The scope's in-progress slot under a quota's cap, given back when the outcome
+    /// is known (complete, release) or the execution is dropped.
+    slot: Option<crate::quota::Permit>,
 }
 
 /// A claim's lease: how long it holds, and how often a running operation renews it.
@@ -107,7 +110,14 @@ impl Execution {
             metrics,
             lost: false,
             done: false,
+            slot: None,
         }
+    }
+
+    /// Holds `slot` (an in-progress slot of the scope's quota) until the outcome is
+    /// known or this execution is dropped.
+    pub(crate) fn hold(&mut self, slot: crate::quota::Permit) {
+        self.slot = Some(slot);
     }
 
     /// `true` when this claim took the key over from an owner whose lease expired (that
@@ -194,6 +204,7 @@ impl Execution {
     /// the retention ran out. Any other store error (a corrupt record) at once.
     pub async fn complete(mut self, payload: Bytes) -> Result<(), StoreError> {
         self.done = true;
+        self.slot = None;
         let recorder = self.recorder();
         let first = recorder.attempt(&payload).await;
         let result = recorder.persist(payload, first).await;
@@ -242,6 +253,7 @@ impl Execution {
     ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
         async move {
             self.done = true;
+            self.slot = None;
             // The first attempt borrows this execution's parts: the owned copies a
             // background recording needs (three shared counts touched by every request) are
             // made only when it is needed.
@@ -295,6 +307,7 @@ impl Execution {
     pub fn release(mut self) -> impl Future<Output = Result<(), StoreError>> + Send {
         async move {
             self.done = true;
+            self.slot = None;
             let result = self.store.get().release(&self.id, self.token).await;
             ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
             result

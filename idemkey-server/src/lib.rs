@@ -104,6 +104,7 @@ mod json_pointer;
 mod layer;
 pub(crate) mod once;
 pub mod policy;
+mod quota;
 pub(crate) mod record;
 mod rejection;
 pub mod store;

@@ -51,6 +51,9 @@ enum Kind<E> {
         retry_after: Duration,
     },
     KeyReused,
+    QuotaExceeded {
+        retry_after: Duration,
+    },
     Unavailable(ClaimError),
     /// The store is at its bound and refused the new key.
     Full(ClaimError),
@@ -110,6 +113,27 @@ impl<E> OnceError<E> {
         matches!(self.kind, Kind::KeyReused)
     }
 
+    /// The scope is over its [quota](super::EngineBuilder::quota) of new keys (or of
+    /// runs in progress): nothing ran and nothing was recorded; retry with the same key
+    /// after [`OnceError::retry_after`] (requeue the message with that delay).
+    ///
+    /// ```
+    /// use idemkey::{IdempotencyKey, fingerprint::Fingerprint};
+    /// use idemkey::server::{Engine, policy::Quota};
+    /// use idemkey::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::builder(MemoryStore::new()).quota(Quota::per_minute(1)?).build();
+    /// let fp = Fingerprint::of_bytes(b"m");
+    /// engine.once("queue-a", &IdempotencyKey::new("m-1")?, &fp, || async { Ok::<_, std::io::Error>(1) }).await?;
+    /// let e = engine.once("queue-a", &IdempotencyKey::new("m-2")?, &fp, || async { Ok::<_, std::io::Error>(2) }).await.unwrap_err();
+    /// assert!(e.is_quota_exceeded());
+    /// assert_eq!(e.retry_after(), Some(std::time::Duration::from_secs(60)));
+    /// # Ok(()) }
+    /// ```
+    pub fn is_quota_exceeded(&self) -> bool {
+        matches!(self.kind, Kind::QuotaExceeded { .. })
+    }
+
     /// The store failed; nothing ran (with the transactional inbox: nothing of the
     /// claim or the effect stays in the transaction). Retry later.
     pub fn is_store_unavailable(&self) -> bool {
@@ -156,12 +180,13 @@ impl<E> OnceError<E> {
         matches!(self.kind, Kind::Decode(_))
     }
 
-    /// When to retry an `in-progress`, `store-unavailable` or `store-full` error: the engine's advice
-    /// ([`Claimed::InProgress`], [`ClaimError::retry_after`]) in whole seconds, rounded
+    /// When to retry an `in-progress`, `quota-exceeded`, `store-unavailable` or
+    /// `store-full` error: the engine's advice ([`Claimed::InProgress`],
+    /// [`Claimed::QuotaExceeded`], [`ClaimError::retry_after`]) in whole seconds, rounded
     /// up, at least 1 s.
     pub fn retry_after(&self) -> Option<Duration> {
         let advised = match &self.kind {
-            Kind::InProgress { retry_after } => *retry_after,
+            Kind::InProgress { retry_after } | Kind::QuotaExceeded { retry_after } => *retry_after,
             Kind::Unavailable(e) | Kind::Full(e) => e.retry_after(),
             Kind::Store(_) => Duration::from_secs(1),
             _ => return None,
@@ -195,6 +220,9 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
             Kind::KeyReused => f.write_str(
                 "this key was already used with a different fingerprint (another operation); use a new key for a new operation",
             ),
+            Kind::QuotaExceeded { .. } => f.write_str(
+                "this scope is over its quota of new keys; nothing ran or was recorded: retry with the same key after the advised time",
+            ),
             Kind::Unavailable(e) | Kind::Full(e) => write!(f, "{e}"),
             Kind::Store(e) => write!(f, "{e}"),
             Kind::Failed(e) => write!(
@@ -221,6 +249,10 @@ impl<E: fmt::Debug> fmt::Debug for OnceError<E> {
                 .field("retry_after", retry_after)
                 .finish(),
             Kind::KeyReused => f.write_str("OnceError::KeyReused"),
+            Kind::QuotaExceeded { retry_after } => f
+                .debug_struct("OnceError::QuotaExceeded")
+                .field("retry_after", retry_after)
+                .finish(),
             Kind::Unavailable(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
             Kind::Full(e) => f.debug_tuple("OnceError::Full").field(e).finish(),
             Kind::Store(e) => f.debug_tuple("OnceError::Unavailable").field(e).finish(),
@@ -241,7 +273,10 @@ where
             Kind::Store(e) => Some(e),
             Kind::Failed(e) => Some(e),
             Kind::Encode(e) => Some(e),
-            Kind::InProgress { .. } | Kind::KeyReused | Kind::Decode(_) => None,
+            Kind::InProgress { .. }
+            | Kind::KeyReused
+            | Kind::QuotaExceeded { .. }
+            | Kind::Decode(_) => None,
         }
     }
 }
@@ -311,6 +346,9 @@ impl Engine {
                 return Err(OnceError::new(Kind::InProgress { retry_after }));
             }
             Claimed::KeyReused => return Err(OnceError::new(Kind::KeyReused)),
+            Claimed::QuotaExceeded { retry_after } => {
+                return Err(OnceError::new(Kind::QuotaExceeded { retry_after }));
+            }
             Claimed::Unguarded => {
                 return match f().await {
                     Ok(value) => Ok(Settled {

@@ -23,6 +23,7 @@ use http::StatusCode;
 use idemkey_core::protocol::status::{is_refused_as_sent, is_transient};
 
 pub use crate::layer::KeyRequirement;
+pub use crate::quota::{Quota, QuotaError};
 
 /// What the verifier does with a handler's outcome: keep it, or release the key.
 ///

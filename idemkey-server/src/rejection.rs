@@ -152,6 +152,30 @@ impl Rejection {
         r
     }
 
+    /// 429 `quota-exceeded`, retry after `retry_after` (rounded up to whole seconds, at
+    /// least 1 s): the scope sent more new keys than its
+    /// [quota](crate::EngineBuilder::quota) allows (or has as many claims in progress
+    /// as it may). Nothing was executed or recorded, so the same key sent again after
+    /// the wait is processed normally. Never stored as a key's answer.
+    ///
+    /// ```
+    /// use idemkey::server::Rejection;
+    /// use std::time::Duration;
+    /// let r = Rejection::quota_exceeded(Duration::from_millis(1200));
+    /// assert_eq!(r.status(), 429);
+    /// assert_eq!(r.problem_type(), "quota-exceeded");
+    /// assert_eq!(r.retry_after(), Some(Duration::from_secs(2)));
+    /// assert!(r.is_quota_exceeded());
+    /// ```
+    #[must_use]
+    pub fn quota_exceeded(retry_after: Duration) -> Self {
+        Self::of(
+            Problem::QuotaExceeded,
+            "this client sent more new idempotency keys than its quota allows; nothing was executed or recorded: send the request again with the same key after the time given in Retry-After",
+        )
+        .with_retry_after(retry_after)
+    }
+
     /// This rejection, sent with `Retry-After: after` (whole seconds, rounded up).
     pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(Duration::from_secs(retry_after::whole_seconds(after)));
@@ -268,7 +292,8 @@ impl Rejection {
         &self.detail
     }
 
-    /// The `Retry-After` sent with `in-progress`, `store-unavailable` and `store-full`.
+    /// The `Retry-After` sent with `in-progress`, `store-unavailable`, `store-full` and
+    /// `quota-exceeded`.
     #[must_use]
     pub const fn retry_after(&self) -> Option<Duration> {
         self.retry_after
@@ -296,6 +321,12 @@ impl Rejection {
     #[must_use]
     pub fn is_store_full(&self) -> bool {
         self.problem == Problem::StoreFull
+    }
+
+    /// `true` for `quota-exceeded` (429).
+    #[must_use]
+    pub fn is_quota_exceeded(&self) -> bool {
+        self.problem == Problem::QuotaExceeded
     }
 
     /// `true` for `missing-key` and `invalid-key`.
@@ -349,7 +380,7 @@ impl Rejection {
     /// | `missing-key`, `invalid-key`, `invalid-scope`, `body-unreadable` | `INVALID_ARGUMENT` (3) |
     /// | `store-unavailable` | `UNAVAILABLE` (14): retryable, nothing ran |
     /// | `admin-request-invalid`, `record-not-found`, `operation-unsupported` (admin service) | `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `UNIMPLEMENTED` (12) |
-    /// | `body-too-large` | `RESOURCE_EXHAUSTED` (8), as gRPC answers a message over its limit |
+    /// | `body-too-large`, `quota-exceeded` | `RESOURCE_EXHAUSTED` (8), as gRPC answers a message over its limit or a quota spent |
     /// | `store-full` | `RESOURCE_EXHAUSTED` (8): the store's bound is reached; retryable later, nothing ran |
     /// | `body-timeout` | `DEADLINE_EXCEEDED` (4) |
     /// | `response-not-stored` | `FAILED_PRECONDITION` (9): it ran, its answer cannot be replayed |

@@ -23,7 +23,8 @@ use tracing::field::Empty;
 use tracing::{Instrument, Level, Span};
 
 use crate::store::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, Watch,
+    ChargedClaim, Claim, ClaimRequest, FencingToken, QuotaCharge, RecordId, RecordInfo, Store,
+    StoreError, Watch,
 };
 use idemkey_core::telemetry::{self, Stopwatch, in_span, observable};
 
@@ -53,12 +54,15 @@ pub(crate) enum Decision {
     /// No key, and none required (or a method the layer steps aside for): passed
     /// through.
     Unkeyed,
+    /// The scope is over its quota of new keys (or of claims in progress):
+    /// `429 quota-exceeded`, nothing recorded.
+    QuotaExceeded,
 }
 
 impl Decision {
     /// Every decision, in declaration order (its slot in [`ServerMetrics`]).
     #[cfg(feature = "metrics")]
-    const ALL: [Self; 10] = [
+    const ALL: [Self; 11] = [
         Self::Fresh,
         Self::Takeover,
         Self::Replay,
@@ -69,6 +73,7 @@ impl Decision {
         Self::StoreUnavailable,
         Self::StoreFull,
         Self::Unkeyed,
+        Self::QuotaExceeded,
     ];
 
     /// The decision's fixed name.
@@ -84,6 +89,7 @@ impl Decision {
             Self::StoreUnavailable => "store_unavailable",
             Self::StoreFull => "store_full",
             Self::Unkeyed => "unkeyed",
+            Self::QuotaExceeded => "quota_exceeded",
         }
     }
 
@@ -97,6 +103,7 @@ impl Decision {
             Ok(Claimed::InProgress { .. }) => Self::InProgress,
             Ok(Claimed::KeyReused) => Self::KeyReused,
             Ok(Claimed::Unguarded) => Self::FailOpen,
+            Ok(Claimed::QuotaExceeded { .. }) => Self::QuotaExceeded,
             Err(e) if e.is_store_full() => Self::StoreFull,
             Err(_) => Self::StoreUnavailable,
         }
@@ -393,6 +400,15 @@ impl EngineStore {
         self.maybe_observed(Operation::Claim, self.0.inner().claim(req))
     }
 
+    /// [`Store::claim_charged`], observed as a claim, as [`EngineStore::claim`].
+    pub(crate) fn claim_charged<'a>(
+        &'a self,
+        req: ClaimRequest<'a>,
+        charge: QuotaCharge<'a>,
+    ) -> impl Future<Output = Result<ChargedClaim, StoreError>> + Send + 'a {
+        self.maybe_observed(Operation::Claim, self.0.inner().claim_charged(req, charge))
+    }
+
     /// [`Store::complete`], as [`EngineStore::claim`].
     pub(crate) fn complete<'a>(
         &'a self,
@@ -484,6 +500,14 @@ impl Store for ObservedStore {
     }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.observe(Operation::Claim, self.inner().claim(req))
+            .await
+    }
+    async fn claim_charged(
+        &self,
+        req: ClaimRequest<'_>,
+        charge: QuotaCharge<'_>,
+    ) -> Result<ChargedClaim, StoreError> {
+        self.observe(Operation::Claim, self.inner().claim_charged(req, charge))
             .await
     }
     async fn complete(

@@ -445,6 +445,7 @@ proptest! {
                             }
                             Ok(Claimed::Replay(p)) => Seen::Replay(p[0]),
                             Ok(Claimed::Unguarded) => panic!("fail-closed engine"),
+                            Ok(Claimed::QuotaExceeded { .. }) => panic!("no quota"),
                             Ok(Claimed::InProgress { .. }) => Seen::InProgress,
                             Ok(Claimed::KeyReused) => Seen::KeyReused,
                             Err(e) => panic!("{e}"),

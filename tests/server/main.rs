@@ -15,6 +15,8 @@ mod grpc;
 #[cfg(all(feature = "test-util", feature = "postgres", feature = "sqlite"))]
 mod inbox;
 mod layer_tower;
+#[cfg(all(feature = "test-util", feature = "redis"))]
+mod quota;
 mod server_semantics;
 #[cfg(feature = "test-util")]
 mod streaming;

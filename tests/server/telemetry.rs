@@ -506,3 +506,38 @@ async fn an_exhausted_retry_budget_is_counted() {
     assert_eq!(m.counter("idemkey_client_calls_total", &exhausted), 1);
     assert_eq!(m.histogram("idemkey_client_attempts", &[]), [1.0]);
 }
+
+#[tokio::test]
+async fn a_new_key_over_its_quota_is_the_decision_quota_exceeded_in_the_span_and_the_counter() {
+    let (spans, _spans) = capture_spans();
+    let metrics = Metrics::capture();
+    let app = ChargeApp::new();
+    let quota = idemkey::server::policy::Quota::per_minute(1).expect("a valid quota");
+    let server = verifier(
+        Engine::builder(MemoryStore::new()).quota(quota).build(),
+        &app,
+    )
+    .await;
+
+    assert_eq!(
+        charge(&http(), server.addr(), "quota-first").await.status,
+        200
+    );
+    let refused = charge(&http(), server.addr(), "quota-second").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        charge(&http(), server.addr(), "quota-first")
+            .await
+            .replayed()
+    );
+
+    let m = metrics.snapshot();
+    assert_eq!(m.counter(REQUESTS, &[("decision", "quota_exceeded")]), 1);
+    assert_eq!(m.counter(REQUESTS, &[("decision", "replay")]), 1);
+    let request = spans
+        .named("idemkey.request")
+        .into_iter()
+        .find(|s| s.field("http.response.status_code") == "429")
+        .expect("the refused request's span");
+    assert_eq!(request.field("idemkey.decision"), "quota_exceeded");
+}

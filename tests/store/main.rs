@@ -41,6 +41,8 @@ mod store_outage;
 mod store_postgres;
 #[cfg(all(feature = "test-util", feature = "redis"))]
 mod store_redis;
+#[cfg(all(feature = "test-util", feature = "redis"))]
+mod store_redis_quota;
 #[cfg(all(feature = "test-util", feature = "sqlite"))]
 mod store_sqlite;
 #[cfg(all(

@@ -12,7 +12,7 @@ use super::service::Idempotency;
 use crate::engine::Engine;
 use crate::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
 use crate::fingerprint::Fingerprinter;
-use crate::policy::{InProgressPolicy, OutcomePolicy};
+use crate::policy::{InProgressPolicy, OutcomePolicy, Quota};
 use idemkey_core::protocol::problem::KEY_REUSED_STRIPE_STATUS;
 use idemkey_core::protocol::status::is_safe;
 use idemkey_core::protocol::{Problem, ReplayHeader};
@@ -36,7 +36,8 @@ use idemkey_core::protocol::{Problem, ReplayHeader};
 ///    and trailers, plus `Idempotent-Replayed: true`), a key of another request gets
 ///    `422`, a running one `409` with `Retry-After` (or, with
 ///    [`IdempotencyLayer::in_progress`], waits for its answer first), a failing store
-///    `503` with `Retry-After`,
+///    `503` with `Retry-After`, a new key from a scope over its
+///    [quota](IdempotencyLayer::quota) `429` with `Retry-After`,
 /// 6. runs the inner service while renewing the lease, in place; if the caller goes
 ///    away (hyper drops the response future), the rest moves **to a spawned task**, so
 ///    a client that disconnects does not cancel the handler: its response is still
@@ -318,6 +319,33 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn retention(self, retention: Duration) -> Self {
         self.with(|c| c.engine = c.engine.to_builder().retention(retention).build())
+    }
+
+    /// A quota of new keys per scope (the layer's [scope](IdempotencyLayer::scope):
+    /// tenant, API key, webhook sender) for this layer: a scope over it gets
+    /// `429 quota-exceeded` with `Retry-After` for a key that has no record, and nothing
+    /// is recorded, so the same key after the wait runs normally; replays and
+    /// in-progress answers spend nothing and are served as usual.
+    ///
+    /// The layer then runs on an engine derived from the one it was given (same store
+    /// and settings, as with [`IdempotencyLayer::retention`]) with buckets of its own.
+    /// To share one quota between the layer, [`Engine::once`] and webhooks, give it to
+    /// the engine instead ([`EngineBuilder::quota`](crate::EngineBuilder::quota)). See
+    /// [Quotas](crate#quotas) in the guide.
+    ///
+    /// ```
+    /// use idemkey::server::{Engine, IdempotencyLayer, extract::HeaderScope, policy::Quota};
+    /// use idemkey::store::MemoryStore;
+    /// # fn main() -> Result<(), idemkey::server::policy::QuotaError> {
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .scope(HeaderScope::new(http::header::AUTHORIZATION))
+    ///     .quota(Quota::per_second(60)?.burst(300)?.max_in_progress(100)?);
+    /// assert_eq!(layer.engine().quota().and_then(|q| q.burst_size()), Some(300));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn quota(self, quota: Quota) -> Self {
+        self.with(|c| c.engine = c.engine.to_builder().quota(quota).build())
     }
 
     /// The status of `key-reused` answers (default `422`).

@@ -189,6 +189,9 @@ where
                 Ok(Rejection::in_progress(retry_after).answer(grpc))
             }
             Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).answer(grpc)),
+            Ok(Claimed::QuotaExceeded { retry_after }) => {
+                Ok(Rejection::quota_exceeded(retry_after).answer(grpc))
+            }
             Err(e) if e.is_store_full() => Ok(Rejection::store_full(e.retry_after()).answer(grpc)),
             Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).answer(grpc)),
         }

@@ -48,7 +48,7 @@
 
 #[cfg(feature = "dynamodb")]
 mod dynamodb;
-mod id_hash;
+pub(crate) mod id_hash;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod inbox;
 mod memory;
@@ -57,6 +57,7 @@ mod mysql;
 mod open;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod quota;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -86,6 +87,7 @@ pub use mysql::{MySqlStore, MySqlStoreBuilder};
 pub use open::{OpenError, open};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+pub use quota::{ChargedClaim, QuotaCharge};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use sweeper::{
@@ -411,6 +413,29 @@ pub trait Store: Send + Sync + 'static {
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
         let _ = id;
         Err(StoreError::unsupported("force_release"))
+    }
+
+    /// Claims like [`Store::claim`], and charges a new record to the token bucket of
+    /// `charge`, kept in the store so that every instance over the store spends one
+    /// quota ([`Quota::shared`](crate::policy::Quota::shared)), atomically with the
+    /// claim: a live record is returned without taking a token (replays and in-progress
+    /// answers never spend quota); an absent one is written only when the bucket has a
+    /// token, and [`ChargedClaim::OverQuota`] leaves the store as it was otherwise. A
+    /// takeover of an expired claim is not a new record and takes no token.
+    ///
+    /// The default fails with [`StoreError::is_configuration`]: a store without buckets
+    /// of its own (every store but Redis today) serves per-process quotas, which the
+    /// engine keeps itself.
+    async fn claim_charged(
+        &self,
+        req: ClaimRequest<'_>,
+        charge: QuotaCharge<'_>,
+    ) -> Result<ChargedClaim, StoreError> {
+        let _ = (req, charge);
+        Err(StoreError::configuration(format!(
+            "a quota shared through the store (Quota::shared) needs a store that keeps buckets, and this {} store does not: use a per-process quota with it (leave out Quota::shared), or a store that does (RedisStore)",
+            self.kind()
+        )))
     }
 
     /// Up to `limit` in-progress records (live, or abandoned with an expired lease),

@@ -376,7 +376,9 @@ impl BatchDeduper {
                 .map_err(|e| BatchError::new(ErrorKind::Claim(e), outcome))?;
             match claim {
                 Claimed::Replay(_) => outcome.duplicates += 1,
-                Claimed::InProgress { retry_after } => {
+                // Over the quota, the item waits like one in progress elsewhere: nothing
+                // was recorded, the redelivery runs it.
+                Claimed::InProgress { retry_after } | Claimed::QuotaExceeded { retry_after } => {
                     outcome.in_progress += 1;
                     outcome.retry_after = outcome.retry_after.max(retry_after);
                 }

@@ -26,6 +26,7 @@ mod builder;
 mod codec;
 mod conn;
 mod memory;
+mod quota;
 mod scripts;
 
 use std::time::Duration;
@@ -470,6 +471,16 @@ impl Store for RedisStore {
             &[token.as_bytes()],
         )
         .await
+    }
+
+    /// The claim's script charges the scope's bucket too (one round trip; see
+    /// `quota.rs`).
+    async fn claim_charged(
+        &self,
+        req: ClaimRequest<'_>,
+        charge: super::QuotaCharge<'_>,
+    ) -> Result<super::ChargedClaim, StoreError> {
+        self.claim_charged_impl(req, charge).await
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {

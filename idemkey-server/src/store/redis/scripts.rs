@@ -73,6 +73,9 @@ pub(super) struct Scripts {
     pub(super) renew: Script,
     pub(super) release: Script,
     pub(super) inspect: Script,
+    /// A shared quota's scripts (`quota.rs`).
+    pub(super) claim_charged: Script,
+    pub(super) charge: Script,
 }
 
 impl Scripts {
@@ -83,16 +86,20 @@ impl Scripts {
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             inspect: Script::new(INSPECT),
+            claim_charged: Script::new(super::quota::CLAIM_CHARGED),
+            charge: Script::new(super::quota::CHARGE),
         }
     }
 
-    pub(super) fn all(&self) -> [&Script; 5] {
+    pub(super) fn all(&self) -> [&Script; 7] {
         [
             &self.takeover,
             &self.complete,
             &self.renew,
             &self.release,
             &self.inspect,
+            &self.claim_charged,
+            &self.charge,
         ]
     }
 }
