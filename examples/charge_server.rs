@@ -53,6 +53,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use idemkey::server::policy::Quota;
 use idemkey::server::{Engine, IdempotencyLayer};
 
 #[path = "common/charge_app.rs"]
@@ -65,8 +66,11 @@ mod serve;
 mod telemetry;
 use charge_app::ChargeApp;
 
-const USAGE: &str = "usage: charge_server --addr HOST:PORT [--store URL]
+const USAGE: &str =
+    "usage: charge_server --addr HOST:PORT [--store URL] [--quota PER_SECOND[,BURST]]
                      [--header-read-timeout-ms MS] [--body-read-timeout-ms MS]
+  quota: new keys a second per scope (the Authorization header), and the burst (one
+         second's worth by default); over it: 429 quota-exceeded with Retry-After
   stores: memory (default; bounded: memory://?max_records=N&max_bytes=SIZE), sqlite://PATH,
           redis://HOST:PORT, postgres://USER@HOST:PORT/DB, mysql://USER@HOST:PORT/DB,
           dynamodb://TABLE?region=REGION
@@ -80,6 +84,7 @@ const RECORDINGS_DRAIN: Duration = Duration::from_secs(10);
 struct Args {
     addr: SocketAddr,
     store: String,
+    quota: Option<Quota>,
     header_read_timeout: Duration,
     body_read_timeout: Duration,
 }
@@ -88,6 +93,7 @@ struct Args {
 fn parse_args() -> Result<Option<Args>, String> {
     let mut addr = None;
     let mut store = "memory".to_owned();
+    let mut quota = None;
     let mut header_read_timeout = serve::HEADER_READ_TIMEOUT;
     let mut body_read_timeout = serve::BODY_READ_TIMEOUT;
     let mut args = std::env::args().skip(1);
@@ -96,6 +102,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         match arg.as_str() {
             "--addr" => addr = Some(serve::listen_addr(&value()?)?),
             "--store" => store = value()?,
+            "--quota" => quota = Some(parse_quota(&value()?)?),
             "--header-read-timeout-ms" => header_read_timeout = serve::millis(&arg, &value()?)?,
             "--body-read-timeout-ms" => body_read_timeout = serve::millis(&arg, &value()?)?,
             "-h" | "--help" => return Ok(None),
@@ -106,9 +113,26 @@ fn parse_args() -> Result<Option<Args>, String> {
     Ok(Some(Args {
         addr,
         store,
+        quota,
         header_read_timeout,
         body_read_timeout,
     }))
+}
+
+/// `PER_SECOND[,BURST]`: a quota of new keys per scope.
+fn parse_quota(text: &str) -> Result<Quota, String> {
+    let bad = |e: &dyn std::fmt::Display| format!("--quota {text:?}: {e}; {USAGE}");
+    let (rate, burst) = match text.split_once(',') {
+        Some((rate, burst)) => (rate, Some(burst)),
+        None => (text, None),
+    };
+    let rate: f64 = rate.trim().parse().map_err(|e| bad(&e))?;
+    let mut quota = Quota::per_second(rate).map_err(|e| bad(&e))?;
+    if let Some(burst) = burst {
+        let burst: u32 = burst.trim().parse().map_err(|e| bad(&e))?;
+        quota = quota.burst(burst).map_err(|e| bad(&e))?;
+    }
+    Ok(quota)
 }
 
 #[allow(
@@ -140,7 +164,11 @@ async fn main() -> ExitCode {
     let _sweeper =
         idemkey::store::spawn_sweeper(store.clone(), std::time::Duration::from_secs(300));
     let engine = Engine::new(store);
-    let verifier = IdempotencyLayer::new(engine.clone()).body_read_timeout(args.body_read_timeout);
+    let mut verifier =
+        IdempotencyLayer::new(engine.clone()).body_read_timeout(args.body_read_timeout);
+    if let Some(quota) = args.quota {
+        verifier = verifier.quota(quota);
+    }
     let metrics = match metrics::install() {
         Ok(route) => route,
         Err(e) => {

@@ -179,6 +179,77 @@ async fn a_bounded_memory_store_refuses_new_keys_and_keeps_replaying() {
     assert_eq!(stats["executions"], 3, "{stats}");
 }
 
+/// `charge_server --quota 4,2`: a client sending eight new charges at once under one
+/// credential is held to 4 new keys a second (bursts of 2) with `429 quota-exceeded`
+/// and `Retry-After`; idemkey's client retries each with its key after the wait, so
+/// every call ends once, executed once; another credential is served at once meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_over_its_quota_finishes_every_call_once_as_the_bucket_refills() {
+    use idemkey::client::{IdempotentClientBuilder, RequestBuilderExt, ResponseExt};
+    let server = ExampleServer::start("charge_server", &["--quota", "4,2"]);
+    let client = IdempotentClientBuilder::new(reqwest::Client::new())
+        .max_retries(30)
+        .build();
+    let url = server.url("/v1/charges");
+    let flood = (0..8).map(|i| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let charge = serde_json::json!({"amount": 1000 + i, "currency": "eur"});
+            client
+                .post(url)
+                .header("authorization", "Bearer flooding")
+                .derive_idempotency_key("charge", &charge)
+                .header("content-type", "application/json")
+                .body(charge.to_string())
+                .send()
+                .await
+        }
+    });
+    let flood = tokio::spawn(futures_util::future::join_all(flood));
+    let other = client
+        .post(&url)
+        .header("authorization", "Bearer quiet")
+        .header("content-type", "application/json")
+        .body(r#"{"amount":1,"currency":"eur"}"#)
+        .send()
+        .await
+        .expect("the other credential is served");
+    assert_eq!(other.status(), 200);
+    assert_eq!(
+        other.idempotency().map(|i| i.attempts()),
+        Some(1),
+        "not held back"
+    );
+    let answers = flood.await.expect("the flood's task");
+    let mut attempts = 0;
+    for answer in answers {
+        let answer = answer.expect("every call ends with its answer");
+        assert_eq!(answer.status(), 200);
+        let info = answer.idempotency().expect("keyed");
+        assert!(
+            !info.replayed(),
+            "each key ran once, on its first admitted attempt"
+        );
+        attempts += info.attempts();
+    }
+    assert!(
+        attempts > 8,
+        "the quota refused some attempts ({attempts} in all)"
+    );
+    let stats: serde_json::Value = support::verifier::http()
+        .get(server.url("/stats"))
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        stats["executions"], 9,
+        "8 charges and the other credential's one: {stats}"
+    );
+}
+
 /// The value of the sample `series` (name and labels as Prometheus prints them) in the
 /// page at `GET /metrics`; the page must be Prometheus text.
 #[cfg(feature = "metrics")]

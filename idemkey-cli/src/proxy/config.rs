@@ -16,6 +16,10 @@
 //! stored_response_limit = 1048576
 //! key_reused_status = 400       # Stripe's; 422 by default
 //! fingerprint = { headers = ["Stripe-Account"], canonical_json = true }
+//! # New keys per second per scope (the scope header's value), bursts, and claims in
+//! # progress per scope; over it: 429 quota-exceeded. `shared = true` keeps the buckets
+//! # in the store (Redis), so that several proxies enforce one limit.
+//! quota = { per_second = 60, burst = 300, max_in_progress = 50, shared = false }
 //! ```
 //!
 //! The first route whose path and methods match a request decides; a route's unset
@@ -30,7 +34,7 @@ use http::{HeaderName, Method, StatusCode};
 use serde::Deserialize;
 
 use idemkey::fingerprint::Fingerprinter;
-use idemkey::server::policy::KeyRequirement;
+use idemkey::server::policy::{KeyRequirement, Quota};
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
@@ -64,6 +68,22 @@ struct Settings {
     stored_response_limit: Option<usize>,
     key_reused_status: Option<u16>,
     fingerprint: Option<FingerprintSettings>,
+    quota: Option<QuotaSettings>,
+}
+
+/// A route's quota of new keys per scope (`Quota`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaSettings {
+    /// New keys a second, on average.
+    per_second: Option<f64>,
+    /// Bursts of up to this many new keys (default: one second's worth).
+    burst: Option<u32>,
+    /// Claims in progress at once.
+    max_in_progress: Option<usize>,
+    /// Buckets kept in the store (Redis), shared by every proxy on it.
+    #[serde(default)]
+    shared: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -112,6 +132,7 @@ pub(crate) struct Route {
     pub(crate) stored_response_limit: Option<usize>,
     pub(crate) key_reused_status: Option<StatusCode>,
     pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) quota: Option<Quota>,
 }
 
 impl Route {
@@ -187,7 +208,35 @@ fn merge(route: &Settings, default: &Settings) -> Settings {
             .fingerprint
             .clone()
             .or_else(|| default.fingerprint.clone()),
+        quota: route.quota.clone().or_else(|| default.quota.clone()),
     }
+}
+
+/// The quota a route's settings describe.
+fn quota(context: &str, q: &QuotaSettings) -> Result<Quota, String> {
+    let bad = |e: idemkey::server::policy::QuotaError| format!("{context}: quota: {e}");
+    let mut quota = match (q.per_second, q.max_in_progress) {
+        (Some(rate), _) => Quota::per_second(rate).map_err(bad)?,
+        (None, Some(max)) => Quota::in_progress_only(max).map_err(bad)?,
+        (None, None) => {
+            return Err(format!(
+                "{context}: quota needs per_second (new keys a second) or max_in_progress"
+            ));
+        }
+    };
+    if let Some(burst) = q.burst {
+        if q.per_second.is_none() {
+            return Err(format!("{context}: quota: burst needs per_second"));
+        }
+        quota = quota.burst(burst).map_err(bad)?;
+    }
+    if let (Some(_), Some(max)) = (q.per_second, q.max_in_progress) {
+        quota = quota.max_in_progress(max).map_err(bad)?;
+    }
+    if q.shared {
+        quota = quota.shared();
+    }
+    Ok(quota)
 }
 
 fn header(context: &str, what: &str, name: &str) -> Result<HeaderName, String> {
@@ -235,7 +284,9 @@ fn resolve(
                 .ok_or_else(|| format!("{context}: key_reused_status {code} is not a 4xx status"))
         })
         .transpose()?;
+    let quota = s.quota.as_ref().map(|q| quota(context, q)).transpose()?;
     Ok(Route {
+        quota,
         path,
         pattern,
         methods,

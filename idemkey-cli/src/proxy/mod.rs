@@ -255,6 +255,9 @@ fn layer_for(engine: &Engine, route: &config::Route, no_verify: bool) -> Idempot
     if let Some(status) = route.key_reused_status {
         layer = layer.key_reused_status(status);
     }
+    if let Some(quota) = route.quota {
+        layer = layer.quota(quota);
+    }
     layer
 }
 
