@@ -13,7 +13,9 @@
 //! `--store` takes any connection string of `idemkey::store::open`; several servers
 //! given one Redis or PostgreSQL share their records. The memory store is bounded
 //! (1,000,000 records or 512 MiB by default; `--store 'memory://?max_records=N'` for
-//! another bound): when it is full, new keys get `503 store-full`.
+//! another bound): when it is full, new keys get `503 store-full`. `--quota 60,300`
+//! gives each scope (the `Authorization` header) 60 new keys a second with bursts of
+//! 300; over it, `429 quota-exceeded` with `Retry-After`, and nothing is recorded.
 //!
 //! It does not wait forever for a client: a connection whose request head has not
 //! arrived within `--header-read-timeout-ms` (default 10 000) is closed, and a body
