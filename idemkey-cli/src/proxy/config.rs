@@ -383,5 +383,40 @@ mod tests {
         assert!(err.contains("4xx"), "{err}");
         let err = load(Some(("r.toml", "[default]\nbody_limt = 1\n"))).expect_err("invalid");
         assert!(err.contains("body_limt"), "{err}");
+        for (bad, says) in [
+            ("quota = { per_second = 0 }", "quota"),
+            ("quota = { per_second = -5 }", "quota"),
+            ("quota = { burst = 10 }", "per_second"),
+            ("quota = { per_second = 5, burst = 0 }", "quota"),
+            ("quota = { per_second = 5, per_hour = 1 }", "per_hour"),
+        ] {
+            let err = load(Some((
+                "r.toml",
+                &format!("[[route]]\npath = \"/a\"\n{bad}\n"),
+            )))
+            .expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_quota_per_route_or_by_default() {
+        let routes = load(Some((
+            "r.toml",
+            "[default]\nquota = { max_in_progress = 3 }\n\
+             [[route]]\npath = \"/a\"\nquota = { per_second = 60, burst = 300, shared = true }\n\
+             [[route]]\npath = \"/b\"\n",
+        )))
+        .expect("valid");
+        let a = routes[0].quota.expect("its own");
+        assert_eq!(
+            (a.rate_per_second(), a.burst_size(), a.is_shared()),
+            (Some(60.0), Some(300), true)
+        );
+        let b = routes[1].quota.expect("the default's");
+        assert_eq!(
+            (b.rate_per_second(), b.in_progress_limit()),
+            (None, Some(3))
+        );
     }
 }
