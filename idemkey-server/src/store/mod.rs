@@ -59,6 +59,7 @@ mod open;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+pub mod sizing;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
