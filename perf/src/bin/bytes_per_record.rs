@@ -643,7 +643,7 @@ async fn run(args: Args) -> Result<(), String> {
         rows.push((store.clone(), n, totals, method));
     }
     let xs: Vec<f64> = args.sizes.iter().map(|&s| s as f64).collect();
-    let mut header = format!("| store | records |");
+    let mut header = String::from("| store | records |");
     for s in &args.sizes {
         header.push_str(&format!(" {s} B body |"));
     }
