@@ -146,7 +146,7 @@ pub(crate) fn run(args: &SizingArgs) -> Result<(), String> {
     println!(
         "storage: {} ({} bytes per record: {} + {} per response byte; {})",
         show_bytes(e.bytes),
-        show_count(e.bytes_per_record),
+        e.bytes_per_record,
         footprint.bytes_per_record,
         footprint.bytes_per_response_byte,
         footprint.measured_as,
