@@ -6,7 +6,8 @@
 //!   optional fault injection and a client-side audit;
 //! - `idemkey inspect`, `release`, `stuck`: look up, force-release and list records in
 //!   a store;
-//! - `idemkey sweep --store URL`: one sweep pass of a SQL store, from cron.
+//! - `idemkey sweep --store URL`: one sweep pass of a SQL store, from cron;
+//! - `idemkey sizing`: the records and storage a store will hold.
 //!
 //! The `idemkey-cli` crate: `cargo install idemkey-cli` (every store built in; its
 //! README is the manual).
@@ -20,6 +21,7 @@ mod durations;
 mod inspect;
 mod proxy;
 mod release;
+mod sizing;
 mod stuck;
 mod sweep;
 
@@ -49,6 +51,7 @@ enum Command {
     Release(release::ReleaseArgs),
     Stuck(stuck::StuckArgs),
     Sweep(sweep::SweepArgs),
+    Sizing(sizing::SizingArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
             Command::Release(args) => release::run(args).await.map(|()| 0),
             Command::Stuck(args) => stuck::run(args).await.map(|()| 0),
             Command::Sweep(args) => sweep::run(args).await.map(|()| 0),
+            Command::Sizing(args) => sizing::run(&args).map(|()| 0),
         }
     });
     match outcome {

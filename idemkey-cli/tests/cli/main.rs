@@ -4,7 +4,7 @@
 //! own, driven by stripe-node through `--faults` (and, as the control, the same faults
 //! with `--no-verify`, where lost answers run twice); `--audit`; `GET /metrics` (with
 //! `metrics`); a graceful shutdown; `inspect`, `release`, `stuck` and `sweep` on a SQLite
-//! store.
+//! store; `sizing` against `idemkey::store::sizing`.
 
 // The integration tests' tree of the facade (tests/support/ at the repository's root):
 // the examples' charge app, the peers, the private servers.
@@ -637,4 +637,106 @@ async fn sweep_removes_expired_records_in_one_pass_and_says_so() {
     let out = cli::run(&["sweep", "--store", "memory"], "").await;
     assert_eq!(out.status.code(), Some(125), "{}", cli::describe(&out));
     let _ = std::fs::remove_file(&db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizing_prints_the_sizing_modules_estimate() {
+    use idemkey::store::sizing::{StoreKind, Workload, estimate};
+    let day = Duration::from_secs(24 * 3600);
+    let expected =
+        estimate(StoreKind::Postgres, &Workload::new(1000.0, day, 400)).expect("estimate");
+    for (rate, store) in [
+        ("1000/s", "postgres"),
+        ("60000/min", "postgresql://app@db/app"),
+        ("1000", "POSTGRES"),
+    ] {
+        let out = cli::run(
+            &[
+                "sizing",
+                "--rate",
+                rate,
+                "--retention",
+                "24h",
+                "--response-bytes",
+                "400",
+                "--store",
+                store,
+                "--json",
+            ],
+            "",
+        )
+        .await;
+        assert!(out.status.success(), "{}", cli::describe(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(report["store"], "postgres", "{report}");
+        assert_eq!(report["records"], expected.records, "{report}");
+        assert_eq!(report["live_records"], 86_400_000, "{report}");
+        assert_eq!(
+            report["expired_records"], expected.expired_records,
+            "{report}"
+        );
+        assert_eq!(
+            report["bytes_per_record"], expected.bytes_per_record,
+            "{report}"
+        );
+        assert_eq!(report["bytes"], expected.bytes, "{report}");
+    }
+
+    let mut workload = Workload::new(50.0, 7 * day, 2048);
+    workload.expired_allowance = Some(Duration::from_secs(600));
+    let expected = estimate(StoreKind::Redis, &workload).expect("estimate");
+    let out = cli::run(
+        &[
+            "sizing",
+            "--rate",
+            "3000/min",
+            "--retention",
+            "7days",
+            "--response-bytes",
+            "2048",
+            "--store",
+            "redis",
+            "--expired-for",
+            "10m",
+        ],
+        "",
+    )
+    .await;
+    assert!(out.status.success(), "{}", cli::describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("records: 30,270,000 (30,240,000 within"),
+        "{text}"
+    );
+    let per_record = format!("({} bytes per record", expected.bytes_per_record);
+    assert!(text.contains(&per_record), "{text}");
+
+    for (flag, value, says) in [
+        ("--rate", "fast", "not a rate"),
+        ("--rate", "10/week", "not a rate"),
+        ("--store", "oracle://db", "unknown store"),
+        ("--retention", "forever", "not a duration"),
+        ("--response-bytes", "-1", "-1"),
+    ] {
+        let mut args = vec![
+            "sizing",
+            "--rate",
+            "1/s",
+            "--retention",
+            "1h",
+            "--response-bytes",
+            "10",
+            "--store",
+            "memory",
+        ];
+        let at = args.iter().position(|a| *a == flag).expect("flag") + 1;
+        args[at] = value;
+        let out = cli::run(&args, "").await;
+        assert_eq!(out.status.code(), Some(125), "{}", cli::describe(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{}",
+            cli::describe(&out)
+        );
+    }
 }

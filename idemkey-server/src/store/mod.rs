@@ -60,6 +60,7 @@ mod postgres;
 mod quota;
 #[cfg(feature = "redis")]
 mod redis;
+pub mod sizing;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
