@@ -13,10 +13,10 @@ use super::sql::{
     DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, sql,
     sweep_lock_name, takeover_sets, unavailable,
 };
-use super::sweeper::run_batches;
+use super::sweeper::batched_pass;
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, SweepOptions,
-    SweepOutcome, SweepReport,
+    SweepReport,
 };
 /// The longest lease or retention, in microseconds: 100 years ("forever"), well within
 /// `DATETIME`'s range (to the year 9999).
@@ -574,30 +574,15 @@ impl Store for MySqlStore {
     }
 
     async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
-        let started = tokio::time::Instant::now();
-        // Held for the pass; closed (not returned to the pool) when dropped, so the
+        // The lock's connection is closed (not returned to the pool) when dropped, so the
         // session and its `GET_LOCK` end even if the pass is cancelled.
-        let _lock = if options.is_exclusive() {
-            match self.try_sweep_lock().await? {
-                Some(conn) => Some(conn),
-                None => {
-                    return Ok(SweepReport::new(
-                        0,
-                        0,
-                        started.elapsed(),
-                        SweepOutcome::Skipped,
-                    ));
-                }
-            }
-        } else {
-            None
-        };
-        let report = run_batches(options, started, |limit| self.sweep_batch(limit)).await?;
-        Ok(if report.outcome() == SweepOutcome::BudgetSpent {
-            report.with_lag(self.sweep_lag().await)
-        } else {
-            report
-        })
+        batched_pass(
+            options,
+            || self.try_sweep_lock(),
+            |limit| self.sweep_batch(limit),
+            || self.sweep_lag(),
+        )
+        .await
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {

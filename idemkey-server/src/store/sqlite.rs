@@ -44,10 +44,10 @@ use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
     unavailable,
 };
-use super::sweeper::run_batches;
+use super::sweeper::batched_pass;
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, SweepOptions,
-    SweepOutcome, SweepReport, clamp_forever,
+    SweepReport, clamp_forever,
 };
 
 /// A durable store in one SQLite file, for a single node.
@@ -535,13 +535,13 @@ impl Store for SqliteStore {
     /// SQLite has one writer: batches of concurrent passes (in this process or another
     /// on the same file) take turns, so no lock is taken.
     async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
-        let started = tokio::time::Instant::now();
-        let report = run_batches(options, started, |limit| self.sweep_batch(limit)).await?;
-        Ok(if report.outcome() == SweepOutcome::BudgetSpent {
-            report.with_lag(self.sweep_lag().await)
-        } else {
-            report
-        })
+        batched_pass(
+            options,
+            || async { Ok(Some(())) },
+            |limit| self.sweep_batch(limit),
+            || self.sweep_lag(),
+        )
+        .await
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {

@@ -197,7 +197,7 @@ impl SweepReport {
 /// Runs `batch(limit)` until a batch removes fewer than `limit` records or the budget is
 /// spent (at least one batch runs): the loop of every store that sweeps in batches.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn run_batches<F, Fut>(
+async fn run_batches<F, Fut>(
     options: &SweepOptions,
     started: Instant,
     mut batch: F,
@@ -233,6 +233,45 @@ where
             ));
         }
     }
+}
+
+/// One pass of a store that sweeps in batches: takes the sweep lock when the pass is
+/// exclusive (`lock` gives `None` when another instance holds it: the pass is skipped;
+/// what it gives is held until the pass ends), runs the batches, and asks for the lag
+/// when the budget ran out with work left.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn batched_pass<L, LockFut, B, BatchFut, LagFut>(
+    options: &SweepOptions,
+    lock: impl FnOnce() -> LockFut,
+    batch: B,
+    lag: impl FnOnce() -> LagFut,
+) -> Result<SweepReport, StoreError>
+where
+    LockFut: std::future::Future<Output = Result<Option<L>, StoreError>>,
+    B: FnMut(u32) -> BatchFut,
+    BatchFut: std::future::Future<Output = Result<u64, StoreError>>,
+    LagFut: std::future::Future<Output = Option<Duration>>,
+{
+    let started = Instant::now();
+    let _held = if options.is_exclusive() {
+        let Some(held) = lock().await? else {
+            return Ok(SweepReport::new(
+                0,
+                0,
+                started.elapsed(),
+                SweepOutcome::Skipped,
+            ));
+        };
+        Some(held)
+    } else {
+        None
+    };
+    let report = run_batches(options, started, batch).await?;
+    Ok(if report.outcome() == SweepOutcome::BudgetSpent {
+        report.with_lag(lag().await)
+    } else {
+        report
+    })
 }
 
 /// Runs one pass on `store` and reports it: a span (`idemkey.sweep`), metrics (feature

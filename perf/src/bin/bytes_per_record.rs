@@ -34,18 +34,22 @@
 //! The fixed cost and the cost per response byte are the least-squares line through
 //! the sizes' figures.
 
+#[path = "../private_redis.rs"]
+mod private_redis;
+
+#[path = "../in_process.rs"]
+mod in_process;
+
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::routing::post;
-use http::Request;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::{MemoryStore, Store};
+use in_process::{post_charge, rss};
+use private_redis::PrivateRedis;
 use sqlx::Row;
-use tower::ServiceExt;
 
 const USAGE: &str = "usage: bytes_per_record [--records N] [--sizes B,B,...] [--stores memory,sqlite,postgres,mysql,redis,dynamodb] [--memory-records N] [--dynamodb-records N] [--dynamodb-endpoint URL]";
 
@@ -155,23 +159,6 @@ fn app(store: Arc<dyn Store>, size: usize) -> Router {
     )
 }
 
-async fn post_charge(app: &Router, key: u64) -> Result<(), String> {
-    let req = Request::post("/v1/charges")
-        .header("content-type", "application/json")
-        .header("idempotency-key", format!("key-{key:016}"))
-        .body(Body::from(format!(r#"{{"amount":100,"n":{key}}}"#)))
-        .map_err(|e| format!("building a request: {e}"))?;
-    let resp = app
-        .clone()
-        .oneshot(req)
-        .await
-        .map_err(|e| format!("request {key}: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("request {key} answered {}", resp.status()));
-    }
-    Ok(())
-}
-
 /// Posts keys `0..records` through `app`, `CONCURRENCY` at a time.
 async fn fill(app: &Router, records: u64) -> Result<(), String> {
     let mut tasks = tokio::task::JoinSet::new();
@@ -193,17 +180,6 @@ async fn fill(app: &Router, records: u64) -> Result<(), String> {
 }
 
 // ---- memory: a child process per size --------------------------------------------
-
-fn rss() -> Result<u64, String> {
-    let statm = std::fs::read_to_string("/proc/self/statm")
-        .map_err(|e| format!("reading /proc/self/statm: {e} (this program needs Linux)"))?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("unexpected /proc/self/statm: {statm:?}"))?;
-    Ok(pages * 4096)
-}
 
 /// In the child: fills a memory store and prints the resident set's growth.
 async fn memory_child(size: usize, records: u64) -> Result<(), String> {
@@ -413,42 +389,6 @@ async fn measure_mysql(server: &str, sizes: &[usize], records: u64) -> Result<Ve
 }
 
 // ---- Redis: a private server ---------------------------------------------------------
-
-struct PrivateRedis {
-    child: std::process::Child,
-    url: String,
-}
-
-impl PrivateRedis {
-    fn start() -> Result<Self, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("a free port: {e}"))?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting redis-server (on PATH?): {e}"))?;
-        let url = format!("redis://127.0.0.1:{port}");
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(Self { child, url });
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        Err("the private redis-server did not listen within 5 s".into())
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn used_memory(con: &mut redis::aio::MultiplexedConnection) -> Result<u64, String> {
     let info: String = redis::cmd("INFO")

@@ -15,30 +15,18 @@
 //! shard when it is 7/8 full, so just before a doubling a record costs least and just
 //! after it most (BENCHMARKS.md has the figures at several counts).
 
+#[path = "../in_process.rs"]
+mod in_process;
+
 use std::process::ExitCode;
 
 use axum::Router;
-use axum::body::Body;
 use axum::routing::post;
-use http::Request;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
-use tower::ServiceExt;
+use in_process::{post_charge, rss};
 
 const USAGE: &str = "usage: memory_per_record [--records N]   (default 400000)";
-
-/// Resident set size of this process in bytes.
-fn rss() -> Result<u64, String> {
-    let statm = std::fs::read_to_string("/proc/self/statm")
-        .map_err(|e| format!("reading /proc/self/statm: {e} (this program needs Linux)"))?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("unexpected /proc/self/statm: {statm:?}"))?;
-    // The page size of every Linux target this crate is built for.
-    Ok(pages * 4096)
-}
 
 fn parse_args() -> Result<u64, String> {
     let mut records = 400_000;
@@ -68,23 +56,6 @@ async fn charge(body: String) -> ([(&'static str, &'static str); 1], String) {
         [("content-type", "application/json")],
         format!(r#"{{"id":"ch_{amount}","object":"charge","amount":100}}"#),
     )
-}
-
-async fn post_charge(app: &Router, key: u64) -> Result<(), String> {
-    let req = Request::post("/v1/charges")
-        .header("content-type", "application/json")
-        .header("idempotency-key", format!("key-{key:016}"))
-        .body(Body::from(format!(r#"{{"amount":100,"n":{key}}}"#)))
-        .map_err(|e| format!("building a request: {e}"))?;
-    let resp = app
-        .clone()
-        .oneshot(req)
-        .await
-        .map_err(|e| format!("request {key}: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("request {key} answered {}", resp.status()));
-    }
-    Ok(())
 }
 
 async fn measure(records: u64) -> Result<(), String> {

@@ -20,8 +20,10 @@
 //! Redis's own CPU (`usec` of `INFO commandstats`, the private server serving this
 //! program alone). The figures go to standard error.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, ExitCode, Stdio};
+#[path = "../private_redis.rs"]
+mod private_redis;
+
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use idemkey::IdempotencyKey;
@@ -29,46 +31,10 @@ use idemkey::fingerprint::Fingerprint;
 use idemkey::server::policy::Quota;
 use idemkey::server::{Claimed, Engine};
 use idemkey::store::{MemoryStore, RedisStore};
+use private_redis::PrivateRedis;
 
 const USAGE: &str = "usage: quota_cost [--requests N] [--rounds R]   (defaults 4000, 5)";
 const SCOPES: usize = 64;
-
-/// The private server, killed by its pid when dropped (also on a panic).
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Result<Server, String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("finding a free port: {e}"))?
-        .port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting redis-server (is it on PATH?): {e}"))?;
-    let server = Server { child, port };
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(server);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    Err(format!(
-        "redis-server did not listen on port {port} within 5 s"
-    ))
-}
 
 fn args() -> Result<(usize, usize), String> {
     let mut requests = 4000;
@@ -188,8 +154,8 @@ fn median(v: &mut [f64]) -> f64 {
 
 async fn run() -> Result<(), String> {
     let (requests, rounds) = args()?;
-    let server = start_server()?;
-    let url = format!("redis://127.0.0.1:{}", server.port);
+    let server = PrivateRedis::start()?;
+    let url = server.url.clone();
     let mut admin = redis::Client::open(url.as_str())
         .map_err(|e| e.to_string())?
         .get_multiplexed_async_connection()

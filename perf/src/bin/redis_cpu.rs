@@ -21,14 +21,17 @@
 //! ran scripts is counted by its `EVAL`/`EVALSHA` lines alone (each phase sends either
 //! scripts only or plain commands only). The figures go to standard error.
 
+#[path = "../private_redis.rs"]
+mod private_redis;
+
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId, RedisStore, Store};
+use private_redis::PrivateRedis;
 use redis::aio::MultiplexedConnection;
 
 const USAGE: &str = "usage: redis_cpu [--requests N]   (default 20000)";
@@ -38,43 +41,6 @@ const CLIENTS: usize = 16;
 const PAYLOAD: usize = 160;
 /// A SHA-256 fingerprint.
 const FINGERPRINT: [u8; 32] = [0xA5; 32];
-
-/// The private server, killed by its pid when dropped (also on a panic).
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Result<Server, String> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("finding a free port: {e}"))?
-        .port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting redis-server (is it on PATH?): {e}"))?;
-    let server = Server { child, port };
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(server);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    Err(format!(
-        "redis-server did not listen on port {port} within 5 s"
-    ))
-}
 
 /// `(calls, usec)` per command.
 async fn stats(admin: &mut MultiplexedConnection) -> Result<HashMap<String, (u64, u64)>, String> {
@@ -164,8 +130,8 @@ where
 }
 
 async fn run(n: usize) -> Result<(), String> {
-    let server = start_server()?;
-    let url = format!("redis://127.0.0.1:{}", server.port);
+    let server = PrivateRedis::start()?;
+    let url = server.url.clone();
     let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
     let mut admin = client
         .get_multiplexed_async_connection()
