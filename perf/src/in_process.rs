@@ -1,13 +1,27 @@
 //! What the in-process measurement programs share (included by path by each that needs
-//! it): the process's resident set, and one charge through an axum router.
+//! it): the process's resident set growth over a run of charges through an axum router.
 
 use axum::Router;
 use axum::body::Body;
 use http::Request;
 use tower::ServiceExt;
 
+/// How much this process's resident set grew while `records` fresh charges (keys
+/// `0..records`) went through `app`, after 1,000 others warmed up the allocator, the
+/// router and the runtime.
+pub(crate) async fn rss_growth(app: &Router, records: u64) -> Result<u64, String> {
+    for key in 0..1_000 {
+        post_charge(app, u64::MAX - key).await?;
+    }
+    let before = rss()?;
+    for key in 0..records {
+        post_charge(app, key).await?;
+    }
+    Ok(rss()?.saturating_sub(before))
+}
+
 /// Resident set size of this process in bytes.
-pub(crate) fn rss() -> Result<u64, String> {
+fn rss() -> Result<u64, String> {
     let statm = std::fs::read_to_string("/proc/self/statm")
         .map_err(|e| format!("reading /proc/self/statm: {e} (this program needs Linux)"))?;
     let pages: u64 = statm

@@ -168,14 +168,7 @@ async fn a_bounded_memory_store_refuses_new_keys_and_keeps_replaying() {
         assert_eq!(again.status, 200, "{again:?}");
         assert!(again.replayed(), "a recorded key still replays: {again:?}");
     }
-    let stats: serde_json::Value = client
-        .get(server.url("/stats"))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("JSON");
+    let stats = server.stats().await;
     assert_eq!(stats["executions"], 3, "{stats}");
 }
 
@@ -236,14 +229,7 @@ async fn a_client_over_its_quota_finishes_every_call_once_as_the_bucket_refills(
         attempts > 8,
         "the quota refused some attempts ({attempts} in all)"
     );
-    let stats: serde_json::Value = support::verifier::http()
-        .get(server.url("/stats"))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("JSON");
+    let stats = server.stats().await;
     assert_eq!(
         stats["executions"], 9,
         "8 charges and the other credential's one: {stats}"

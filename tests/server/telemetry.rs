@@ -147,16 +147,7 @@ async fn a_full_memory_store_is_counted_and_its_fill_reported() {
         Some(f64::from(1_u32 << 20))
     );
 
-    let decisions: Vec<_> = spans
-        .named("idemkey.request")
-        .iter()
-        .map(|s| {
-            (
-                s.field("idemkey.decision").to_owned(),
-                s.field("http.response.status_code").to_owned(),
-            )
-        })
-        .collect();
+    let decisions = spans.decisions();
     assert_eq!(
         decisions,
         [
@@ -192,16 +183,7 @@ async fn a_reused_key_and_a_rejection_are_counted() {
     assert_eq!(m.counter(REQUESTS, &[("decision", "key_reused")]), 1);
     assert_eq!(m.counter(REQUESTS, &[("decision", "rejected")]), 1);
     assert_eq!(app.executions().count(), 1);
-    let decisions: Vec<_> = spans
-        .named("idemkey.request")
-        .iter()
-        .map(|s| {
-            (
-                s.field("idemkey.decision").to_owned(),
-                s.field("http.response.status_code").to_owned(),
-            )
-        })
-        .collect();
+    let decisions = spans.decisions();
     assert_eq!(
         decisions,
         [

@@ -17,8 +17,11 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap_or_else(|e| panic!("the Redis at {url} must be reachable: {e}"))
 }
 
-/// Calls per command since the server started, from `INFO commandstats`.
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+/// Calls per command since the server started, from `INFO commandstats` (also used by
+/// `store_redis_quota`).
+pub(crate) async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> HashMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)

@@ -2,30 +2,14 @@
 //! record takes a token in the claim's one round trip, a live record takes none, an
 //! empty bucket writes nothing, a takeover is not charged, and an idle bucket expires.
 
+use crate::store_redis::command_calls;
 use crate::support;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use idemkey::store::{
     ChargedClaim, Claim, ClaimRequest, FencingToken, QuotaCharge, RecordId, RedisStore, Store,
 };
-
-/// Calls per command since the server started, from `INFO commandstats`.
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
 
 fn request(id: &RecordId, lease: Duration) -> ClaimRequest<'_> {
     ClaimRequest {

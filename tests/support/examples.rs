@@ -70,6 +70,18 @@ impl ExampleServer {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    /// `GET /stats`, as JSON (the example's counters).
+    pub(crate) async fn stats(&self) -> serde_json::Value {
+        super::verifier::http()
+            .get(self.url("/stats"))
+            .send()
+            .await
+            .expect("GET /stats")
+            .json()
+            .await
+            .expect("/stats is JSON")
+    }
+
     /// Kills the process (SIGKILL, by its pid) and reaps it.
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();

@@ -35,6 +35,20 @@ impl CapturedSpan {
 pub(crate) struct Spans(Arc<Mutex<Vec<CapturedSpan>>>);
 
 impl Spans {
+    /// `(idemkey.decision, http.response.status_code)` of each `idemkey.request` span,
+    /// in order.
+    pub(crate) fn decisions(&self) -> Vec<(String, String)> {
+        self.named("idemkey.request")
+            .iter()
+            .map(|s| {
+                (
+                    s.field("idemkey.decision").to_owned(),
+                    s.field("http.response.status_code").to_owned(),
+                )
+            })
+            .collect()
+    }
+
     /// Every captured span named `name`.
     pub(crate) fn named(&self, name: &str) -> Vec<CapturedSpan> {
         self.lock()

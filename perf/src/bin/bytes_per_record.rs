@@ -47,7 +47,7 @@ use axum::Router;
 use axum::routing::post;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::{MemoryStore, Store};
-use in_process::{post_charge, rss};
+use in_process::{post_charge, rss_growth};
 use private_redis::PrivateRedis;
 use sqlx::Row;
 
@@ -189,17 +189,10 @@ async fn memory_child(size: usize, records: u64) -> Result<(), String> {
         .build()
         .map_err(|e| format!("memory store: {e}"))?;
     let app = app(Arc::new(store), size);
-    for key in 0..1_000 {
-        post_charge(&app, u64::MAX - key).await?;
-    }
-    let before = rss()?;
-    for key in 0..records {
-        post_charge(&app, key).await?;
-    }
-    let after = rss()?;
+    let grown = rss_growth(&app, records).await?;
     #[allow(clippy::print_stdout, reason = "the parent reads the figure")]
     {
-        println!("{}", after.saturating_sub(before));
+        println!("{grown}");
     }
     Ok(())
 }

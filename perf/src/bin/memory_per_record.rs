@@ -24,7 +24,7 @@ use axum::Router;
 use axum::routing::post;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
-use in_process::{post_charge, rss};
+use in_process::rss_growth;
 
 const USAGE: &str = "usage: memory_per_record [--records N]   (default 400000)";
 
@@ -62,17 +62,8 @@ async fn measure(records: u64) -> Result<(), String> {
     let store = MemoryStore::new();
     let layer = IdempotencyLayer::new(Engine::new(store.clone()));
     let app = Router::new().route("/v1/charges", post(charge).layer(layer));
-    // Warm up the allocator, the router and the runtime before the first reading.
-    for key in 0..1_000 {
-        post_charge(&app, u64::MAX - key).await?;
-    }
-    let before = rss()?;
-    for key in 0..records {
-        post_charge(&app, key).await?;
-    }
-    let after = rss()?;
+    let grown = rss_growth(&app, records).await?;
     let held = store.len() as u64;
-    let grown = after.saturating_sub(before);
     eprintln!(
         "{held} records held; resident set grew by {:.1} MiB: {} bytes per completed record",
         grown as f64 / (1024.0 * 1024.0),
