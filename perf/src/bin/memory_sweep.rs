@@ -159,6 +159,7 @@ struct Driver {
     base: Instant,
     samples: Arc<Mutex<Vec<Sample>>>,
     started: Arc<AtomicU64>,
+    /// Requests spawned (the next key).
     next_key: Arc<AtomicU64>,
 }
 
@@ -254,15 +255,26 @@ fn rss() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-/// Runs the driver on its own thread while `during` runs here; returns what it returns.
-fn with_requests<T>(driver: &Driver, rt: &tokio::runtime::Runtime, rate: u64, during: impl FnOnce() -> T) -> T {
+/// Runs the driver on its own thread while `during` runs here, then waits for every
+/// request it spawned to end; returns what `during` returns.
+fn with_requests<T>(
+    driver: &Driver,
+    rt: &tokio::runtime::Runtime,
+    rate: u64,
+    during: impl FnOnce() -> T,
+) -> T {
     let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
+    let out = std::thread::scope(|s| {
         s.spawn(|| driver.drive(rt.handle(), rate, &stop));
         let out = during();
         stop.store(true, Ordering::Relaxed);
         out
-    })
+    });
+    let spawned = driver.next_key.load(Ordering::Relaxed);
+    while (driver.samples.lock().expect("samples").len() as u64) < spawned {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    out
 }
 
 #[allow(clippy::cast_precision_loss)]
