@@ -1,19 +1,21 @@
 //! The embedded in-memory store.
 
+use std::collections::hash_map::{Entry, OccupiedEntry};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 use tokio::time::Instant;
 
-use super::id_hash::IdHashBuilder;
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Settlements, Store,
-    StoreError, Watch, clamp_forever,
+    StoreError, SweepOptions, SweepOutcome, SweepReport, Watch, clamp_forever,
 };
+
+mod shards;
+
+use shards::Shards;
 
 /// The shortest time between two automatic sweeps, in microseconds of store time.
 const SWEEP_INTERVAL_US: u64 = 5_000_000;
@@ -22,16 +24,55 @@ const SWEEP_INTERVAL_US: u64 = 5_000_000;
 /// microseconds of store time.
 const FULL_SWEEP_INTERVAL_US: u64 = 1_000_000;
 
+/// The records a step of the store's own sweeps ([`Store::sweep`] and the automatic
+/// one) removes at most: about 80 µs of a worker here (`memory_sweep`), what a request
+/// waits at most behind it.
+const OWN_SWEEP_BATCH: u32 = 256;
+
+/// The most records one step of a sweep looks at (whole shards, so a shard or so more)
+/// before it lets other tasks run, whatever it removed: a step over live records only
+/// is about as short as one that removes a batch.
+const SCAN_PER_STEP: usize = 8_192;
+
 /// An in-memory store: fast, shared by every clone, bounded, and lost when the process
 /// exits.
 ///
-/// Concurrent without a global lock (a sharded map: claims on different records do not
-/// contend). Expired records are swept by [`Store::sweep`], and automatically at most
-/// every 5 s while claims arrive, off the request path (on tokio's blocking pool) so no
-/// request pays for a scan of the whole map. An abandoned claim is kept for its
-/// retention past its lease (contract rule 4) by both. Time is read from
-/// [`tokio::time::Instant`], so tests can drive leases and retention with
+/// Concurrent without a global lock: the records are spread over shards, each a hash
+/// map behind a lock of its own, as many as [`max_records`](MemoryStoreBuilder::max_records)
+/// calls for (about 2,000 records a shard in a full store: 512 shards at the default
+/// bound, 8,192 at 10 million), so claims on different records rarely contend. Time is
+/// read from [`tokio::time::Instant`], so tests can drive leases and retention with
 /// `tokio::time::pause`.
+///
+/// # Sweeping
+///
+/// Expired records are swept by [`Store::sweep`] and [`Store::sweep_pass`], and
+/// automatically, at most every 5 s while claims arrive, by a task the store spawns
+/// (never on a request's path). An abandoned claim is kept for its retention past its
+/// lease (contract rule 4) by all of them. Whatever starts it, a sweep never stalls
+/// requests for longer than one small batch, at any size:
+///
+/// - it goes round the shards in **steps**: a step removes at most one batch
+///   ([`SweepOptions::batch`]; 256 records for [`Store::sweep`] and the automatic
+///   sweep) or looks at about 8,000 records, whichever comes first, then yields to the
+///   runtime, so a task waiting for the sweep's worker waits one step at most;
+/// - it holds **one shard's lock at a time**, for one look at that shard's records, so
+///   a claim waits for one shard at most; what a step removed is freed after its locks
+///   are released;
+/// - the counts ([`stored_bytes`](MemoryStore::stored_bytes), the bounds) drop as each
+///   shard is swept, under that shard's lock: once a step returned, what it removed is
+///   off them.
+///
+/// A pass ends [`Complete`](super::SweepOutcome::Complete) when it has looked at every
+/// shard once. With a budget ([`SweepOptions::max_duration`]) it stops at the first step
+/// past it, [`BudgetSpent`](super::SweepOutcome::BudgetSpent) (at least one step runs;
+/// expired records may be left in the shards it did not reach),
+/// and the next pass goes on from the shard where it stopped, so that short passes still
+/// reach every record in turn. [`SweepOptions::exclusive`] has nothing to lock: the
+/// store lives in one process, and concurrent passes take each shard's lock in turn.
+/// At 10 million records a whole sweep removes about 2 million expired records a second
+/// here, one step takes well under a millisecond, and requests keep being answered
+/// throughout (BENCHMARKS.md, the `memory_sweep` program).
 ///
 /// [`Store::list_in_progress`] scans the whole map (one shard locked at a time).
 ///
@@ -176,13 +217,18 @@ struct Limits {
 }
 
 struct Inner {
-    records: DashMap<RecordId, Record, IdHashBuilder>,
+    records: Shards,
+    /// The shard where the last sweep pass stopped: the next one starts there, so that
+    /// passes cut short by their budget still go round every shard in turn.
+    sweep_cursor: AtomicUsize,
     /// Duplicates waiting for a record to settle ([`Store::watch`]).
     settlements: Settlements,
     /// Store time after which the next claim starts a sweep.
     next_sweep_us: AtomicU64,
     /// Store time after which a claim refused for room may start another sweep.
     next_full_sweep_us: AtomicU64,
+    /// An automatic sweep is running ([`AutoSweep`]).
+    auto_sweeping: AtomicBool,
     /// Store time zero: every time a record keeps is microseconds since this instant.
     epoch: Instant,
     /// The wall-clock time at `epoch`, for [`RecordInfo`]'s times (one fixed pair, so
@@ -217,10 +263,12 @@ enum Full {
 impl Inner {
     fn new(limits: Limits) -> Self {
         Self {
-            records: DashMap::default(),
+            records: Shards::for_records(limits.records),
+            sweep_cursor: AtomicUsize::new(0),
             settlements: Settlements::default(),
             next_sweep_us: AtomicU64::new(SWEEP_INTERVAL_US),
             next_full_sweep_us: AtomicU64::new(0),
+            auto_sweeping: AtomicBool::new(false),
             epoch: Instant::now(),
             epoch_wall: SystemTime::now(),
             limits,
@@ -421,6 +469,26 @@ impl Record {
     }
 }
 
+/// The automatic sweep running: lets the next one start when dropped, whether the
+/// pass ended or its task was dropped with its runtime.
+struct AutoSweep(MemoryStore);
+
+impl Drop for AutoSweep {
+    fn drop(&mut self) {
+        self.0.inner.auto_sweeping.store(false, Ordering::Release);
+    }
+}
+
+/// Where a sweep pass stands ([`MemoryStore::round`]).
+struct Round {
+    /// The shard the next step starts at.
+    next: usize,
+    /// Shards not yet looked at whole.
+    left: usize,
+    removed: u64,
+    steps: u32,
+}
+
 impl MemoryStore {
     /// An empty store with the default bounds ([`MemoryStore::DEFAULT_MAX_RECORDS`],
     /// [`MemoryStore::DEFAULT_MAX_BYTES`]).
@@ -477,7 +545,9 @@ impl MemoryStore {
         self.inner.used_bytes.load(Ordering::Relaxed)
     }
 
-    /// The number of records held, expired ones not yet swept included.
+    /// The number of records held, expired ones not yet swept included, counted one
+    /// shard at a time (hundreds of shards: a figure for operators and tests, not for a
+    /// request's path).
     #[must_use]
     pub fn len(&self) -> usize {
         self.inner.records.len()
@@ -495,21 +565,87 @@ impl MemoryStore {
         u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn sweep_now(&self) -> u64 {
+    /// A sweep's way round the shards: from where the last pass stopped, every shard
+    /// once.
+    fn round(&self) -> Round {
+        let shards = self.inner.records.count();
+        Round {
+            next: self.inner.sweep_cursor.load(Ordering::Relaxed) % shards,
+            left: shards,
+            removed: 0,
+            steps: 0,
+        }
+    }
+
+    /// One step of a sweep: removes at most `batch` records past their keeping, shard by
+    /// shard from where `round` stands, until it has removed `batch`, looked at
+    /// [`SCAN_PER_STEP`] records or gone round every shard. Each shard's lock is held
+    /// for one look at that shard's records (about [`shards::RECORDS_PER_SHARD`] in a
+    /// full store), and what was removed is freed after the locks are released.
+    fn sweep_step(&self, round: &mut Round, batch: u32) {
         let now = self.now();
-        let mut removed = 0_u64;
-        // Counted down as each record leaves, under its shard's lock: once a sweep
-        // returned, whatever it (or a concurrent sweep) removed is off the counts.
-        self.inner.records.retain(|_, r| {
-            let keep = r.kept_until() > now;
-            if !keep {
-                removed += 1;
-                self.inner.shrink(1, r.cost());
+        let batch = batch.max(1) as usize;
+        let shards = self.inner.records.count();
+        let mut gone: Vec<Record> = Vec::with_capacity(batch.min(4_096));
+        let mut scanned = 0;
+        while round.left > 0 && gone.len() < batch && scanned < SCAN_PER_STEP {
+            let want = batch - gone.len();
+            let before = gone.len();
+            let mut shard = self.inner.records.lock(round.next);
+            scanned += shard.len();
+            gone.extend(
+                shard
+                    .extract_if(|_, r| r.kept_until() <= now)
+                    .take(want)
+                    .map(|(_, r)| r),
+            );
+            // Counted down under the shard's lock, as every record that comes or goes:
+            // once a step returned, what it removed is off the counts.
+            let bytes = gone[before..].iter().map(Record::cost).sum();
+            self.inner.shrink((gone.len() - before) as u64, bytes);
+            drop(shard);
+            if gone.len() - before < want {
+                // The whole shard was looked at (`take` stopped short otherwise: the
+                // rest stays for the next step).
+                round.next = (round.next + 1) % shards;
+                round.left -= 1;
             }
-            keep
-        });
+        }
+        round.removed += gone.len() as u64;
+        round.steps = round.steps.saturating_add(1);
+        // Freed here, outside every lock.
+        drop(gone);
+    }
+
+    /// A sweep pass: steps of at most `batch` records until every shard was looked at
+    /// or `budget` is spent (at least one step), yielding to the runtime between steps,
+    /// so that a pass on a runtime's worker holds it no longer than one step at a time.
+    async fn pass(&self, batch: u32, budget: Option<Duration>) -> SweepReport {
+        let started = Instant::now();
+        let mut round = self.round();
+        let outcome = loop {
+            self.sweep_step(&mut round, batch);
+            if round.left == 0 {
+                break SweepOutcome::Complete;
+            }
+            if budget.is_some_and(|b| started.elapsed() >= b) {
+                break SweepOutcome::BudgetSpent;
+            }
+            tokio::task::yield_now().await;
+        };
+        self.end_pass(&round);
+        let report = SweepReport::new(round.removed, round.steps, started.elapsed(), outcome);
+        if outcome == SweepOutcome::Complete {
+            report.with_lag(Some(Duration::ZERO))
+        } else {
+            report
+        }
+    }
+
+    /// What every pass does last: the next one starts where this one stopped.
+    fn end_pass(&self, round: &Round) {
+        self.inner.sweep_cursor.store(round.next, Ordering::Relaxed);
         self.inner.settlements.prune();
-        removed
     }
 
     /// The claim, or `Err` when it needs a new record and the store is full.
@@ -525,7 +661,8 @@ impl MemoryStore {
         };
         // Under the lock of the record's shard: the room is reserved (or the old record's
         // bytes traded) as the record comes, so no count misses a record.
-        Ok(match self.inner.records.entry(*req.id) {
+        let mut shard = self.inner.records.lock_for(req.id);
+        Ok(match shard.entry(*req.id) {
             Entry::Vacant(v) => {
                 let record = fresh();
                 self.inner.reserve(record.cost())?;
@@ -580,15 +717,28 @@ impl MemoryStore {
         self.sweep_in_background();
     }
 
-    /// Sweeps on tokio's blocking pool, or here without a runtime.
+    /// Sweeps in a task of its own (a whole pass, in steps that yield), or here without
+    /// a runtime. One at a time: a sweep due while the last one still runs is skipped (two passes
+    /// would follow each other round the same shards).
     fn sweep_in_background(&self) {
-        let store = self.clone();
+        if self.inner.auto_sweeping.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let running = AutoSweep(self.clone());
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn_blocking(move || store.sweep_now());
+                rt.spawn(async move {
+                    running.0.pass(OWN_SWEEP_BATCH, None).await;
+                    drop(running);
+                });
             }
             Err(_) => {
-                store.sweep_now();
+                let store = &running.0;
+                let mut round = store.round();
+                while round.left > 0 {
+                    store.sweep_step(&mut round, OWN_SWEEP_BATCH);
+                }
+                store.end_pass(&round);
             }
         }
     }
@@ -637,12 +787,13 @@ impl MemoryStore {
         &self,
         id: &RecordId,
         token: FencingToken,
-        f: impl FnOnce(Entry<'_, RecordId, Record>, u64),
+        f: impl FnOnce(OccupiedEntry<'_, RecordId, Record>, u64),
     ) -> Result<(), StoreError> {
         let now = self.now();
-        match self.inner.records.entry(*id) {
+        let mut shard = self.inner.records.lock_for(id);
+        match shard.entry(*id) {
             Entry::Occupied(e) if e.get().held_by(token_words(token), now) => {
-                f(Entry::Occupied(e), now);
+                f(e, now);
                 Ok(())
             }
             _ => Err(StoreError::fenced()),
@@ -698,14 +849,12 @@ impl Store for MemoryStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        self.with_owned(id, token, |e, now| {
-            if let Entry::Occupied(mut e) = e {
-                let r = e.get_mut();
-                // Never refused for room: the outcome of an execution is not lost.
-                self.inner.grow(payload.len() as u64);
-                r.state = State::Completed(payload);
-                r.expires = now.saturating_add(micros(retention));
-            }
+        self.with_owned(id, token, |mut e, now| {
+            let r = e.get_mut();
+            // Never refused for room: the outcome of an execution is not lost.
+            self.inner.grow(payload.len() as u64);
+            r.state = State::Completed(payload);
+            r.expires = now.saturating_add(micros(retention));
         })?;
         self.inner.settlements.notify(id);
         Ok(())
@@ -717,26 +866,31 @@ impl Store for MemoryStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        self.with_owned(id, token, |e, now| {
-            if let Entry::Occupied(mut e) = e {
-                e.get_mut().expires = now.saturating_add(micros(lease));
-            }
+        self.with_owned(id, token, |mut e, now| {
+            e.get_mut().expires = now.saturating_add(micros(lease));
         })
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         self.with_owned(id, token, |e, _| {
-            if let Entry::Occupied(e) = e {
-                let (_, r) = e.remove_entry();
-                self.inner.shrink(1, r.cost());
-            }
+            let (_, r) = e.remove_entry();
+            self.inner.shrink(1, r.cost());
         })?;
         self.inner.settlements.notify(id);
         Ok(())
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        Ok(self.sweep_now())
+        Ok(self.pass(OWN_SWEEP_BATCH, None).await.removed())
+    }
+
+    /// Steps of at most [`SweepOptions::batch_size`] records, yielding between steps,
+    /// until every record was looked at (`Complete`) or the budget is spent
+    /// (`BudgetSpent`: the next pass goes on from the shard where this one stopped).
+    /// [`SweepOptions::exclusive`] changes nothing: the store lives in one process, and
+    /// concurrent passes take each shard's lock in turn.
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        Ok(self.pass(options.batch_size(), options.time_budget()).await)
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
@@ -744,18 +898,19 @@ impl Store for MemoryStore {
         Ok(self
             .inner
             .records
+            .lock_for(id)
             .get(id)
-            .and_then(|r| self.info(*id, &r, now)))
+            .and_then(|r| self.info(*id, r, now)))
     }
 
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
         let now = self.now();
-        let removed = self.inner.records.remove(id).is_some_and(|(_, r)| {
-            self.inner.shrink(1, r.cost());
-            r.kept_until() > now
-        });
+        let removed = {
+            let mut shard = self.inner.records.lock_for(id);
+            shard.remove(id).inspect(|r| self.inner.shrink(1, r.cost()))
+        };
         self.inner.settlements.notify(id);
-        Ok(removed)
+        Ok(removed.is_some_and(|r| r.kept_until() > now))
     }
 
     async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
@@ -764,13 +919,16 @@ impl Store for MemoryStore {
 
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
         let now = self.now();
-        let mut found: Vec<(u64, RecordInfo)> = self
-            .inner
-            .records
-            .iter()
-            .filter(|r| matches!(r.state, State::InProgress { .. }))
-            .filter_map(|r| Some((r.created, self.info(*r.key(), &r, now)?)))
-            .collect();
+        let mut found: Vec<(u64, RecordInfo)> = Vec::new();
+        for i in 0..self.inner.records.count() {
+            let shard = self.inner.records.lock(i);
+            found.extend(
+                shard
+                    .iter()
+                    .filter(|(_, r)| matches!(r.state, State::InProgress { .. }))
+                    .filter_map(|(id, r)| Some((r.created, self.info(*id, r, now)?))),
+            );
+        }
         found.sort_unstable_by_key(|(created, info)| (*created, info.id));
         Ok(found
             .into_iter()
@@ -937,9 +1095,9 @@ mod sweep_tests {
 mod bound_tests {
     use super::*;
 
-    const FP: &[u8] = b"fingerprint";
+    pub(super) const FP: &[u8] = b"fingerprint";
 
-    fn bounded(records: u64, bytes: u64) -> MemoryStore {
+    pub(super) fn bounded(records: u64, bytes: u64) -> MemoryStore {
         MemoryStore::builder()
             .max_records(records)
             .max_bytes(bytes)
@@ -947,7 +1105,7 @@ mod bound_tests {
             .expect("valid bounds")
     }
 
-    async fn claim(
+    pub(super) async fn claim(
         store: &MemoryStore,
         key: &str,
         lease: Duration,
@@ -967,7 +1125,7 @@ mod bound_tests {
     }
 
     /// What one in-progress record counts.
-    const CLAIMED: u64 = MemoryStore::RECORD_OVERHEAD + FP.len() as u64;
+    pub(super) const CLAIMED: u64 = MemoryStore::RECORD_OVERHEAD + FP.len() as u64;
 
     #[tokio::test]
     async fn bytes_follow_claims_completions_and_releases() {
@@ -1226,5 +1384,162 @@ mod bound_tests {
             let err = crate::store::open(url).await.err().expect(url);
             assert!(err.is_configuration(), "{url}: {err}");
         }
+    }
+}
+
+#[cfg(test)]
+mod pass_tests {
+    use super::bound_tests::{CLAIMED, bounded, claim};
+    use super::*;
+
+    /// `n` claims of keys `prefix-0..n` with `lease` (and no retention).
+    async fn claims(store: &MemoryStore, prefix: &str, n: usize, lease: Duration) {
+        for i in 0..n {
+            let (_, c) = claim(store, &format!("{prefix}-{i}"), lease).await;
+            assert_eq!(c.expect("room"), Claim::Acquired { takeover: false });
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_with_its_budget_spent_stops_after_one_batch_and_the_next_goes_on() {
+        let store = MemoryStore::new();
+        claims(&store, "expired", 500, Duration::from_secs(1)).await;
+        claims(&store, "live", 50, Duration::from_secs(3600)).await;
+        // Past the short leases; no claim comes, so the store starts no sweep itself.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let options = SweepOptions::new().batch(100).max_duration(Duration::ZERO);
+        for pass in 1..=5_u64 {
+            let report = store.sweep_pass(&options).await.expect("pass");
+            assert_eq!(report.removed(), 100, "pass {pass}: one batch");
+            assert_eq!(report.batches(), 1, "pass {pass}");
+            if pass < 5 {
+                assert_eq!(report.outcome(), SweepOutcome::BudgetSpent, "pass {pass}");
+                assert_eq!(report.lag(), None);
+            }
+            let left = 550 - 100 * pass;
+            assert_eq!(store.len() as u64, left);
+            assert_eq!(store.inner.used_records.load(Ordering::Relaxed), left);
+            assert_eq!(store.stored_bytes(), left * CLAIMED);
+        }
+        let last = store.sweep_pass(&options).await.expect("pass");
+        assert_eq!(
+            (last.removed(), last.outcome(), last.lag()),
+            (0, SweepOutcome::Complete, Some(Duration::ZERO)),
+            "nothing expired is left"
+        );
+        assert_eq!(store.len(), 50, "live records are kept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_over_live_records_only_ends_after_a_bounded_look() {
+        let store = MemoryStore::new();
+        let records = 3 * SCAN_PER_STEP;
+        claims(&store, "live", records, Duration::from_secs(3600)).await;
+        let options = SweepOptions::new().max_duration(Duration::ZERO);
+        let cut = store.sweep_pass(&options).await.expect("pass");
+        assert_eq!(
+            (cut.removed(), cut.batches(), cut.outcome()),
+            (0, 1, SweepOutcome::BudgetSpent),
+            "one step looks at about {SCAN_PER_STEP} records, not all {records}"
+        );
+        let whole = store.sweep_pass(&SweepOptions::new()).await.expect("pass");
+        assert_eq!(whole.outcome(), SweepOutcome::Complete);
+        assert!(whole.batches() >= 3, "{} steps", whole.batches());
+        assert_eq!(store.len(), records);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_runs_between_two_batches_of_a_sweep() {
+        // One thread: the claim's task can only run where the pass yields.
+        let store = MemoryStore::new();
+        claims(&store, "expired", 2_000, Duration::from_secs(1)).await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let claimer = tokio::spawn({
+            let store = store.clone();
+            async move {
+                let (_, c) = claim(&store, "fresh", Duration::from_secs(60)).await;
+                assert_eq!(c.expect("room"), Claim::Acquired { takeover: false });
+                store.len()
+            }
+        });
+        let report = store
+            .sweep_pass(&SweepOptions::new().batch(100))
+            .await
+            .expect("pass");
+        let seen = claimer.await.expect("claimer");
+        assert_eq!(
+            seen,
+            2_000 - 100 + 1,
+            "the claim ran right after the first batch, not after the whole pass"
+        );
+        assert_eq!(report.removed(), 2_000);
+        assert_eq!(report.outcome(), SweepOutcome::Complete);
+        assert!(report.batches() >= 20, "{} batches", report.batches());
+        assert_eq!(store.len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn counts_stay_exact_while_passes_race_claims_from_many_tasks() {
+        const TASKS: usize = 8;
+        const KEYS: usize = 400;
+        let store = bounded(100_000, 1 << 30);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sweeper = tokio::spawn({
+            let (store, stop) = (store.clone(), Arc::clone(&stop));
+            async move {
+                let options = SweepOptions::new().batch(7);
+                let mut removed = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    removed += store.sweep_pass(&options).await.expect("pass").removed();
+                }
+                removed
+            }
+        });
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut takeovers = 0_u64;
+                    for i in 0..KEYS {
+                        let key = format!("{t}-{i}");
+                        // Expired as soon as it is made: a pass may remove it, or the
+                        // next claim take it over, never both.
+                        let (_, c) = claim(&store, &key, Duration::ZERO).await;
+                        assert_eq!(c.expect("room"), Claim::Acquired { takeover: false });
+                        let (token, c) = claim(&store, &key, Duration::from_secs(60)).await;
+                        match c.expect("room") {
+                            Claim::Acquired { takeover: true } => takeovers += 1,
+                            Claim::Acquired { takeover: false } => {}
+                            other => panic!("{other:?}"),
+                        }
+                        if i % 2 == 0 {
+                            let id = RecordId::new("t", &key);
+                            let payload = Bytes::from_static(b"0123456789");
+                            store
+                                .complete(&id, token, payload, Duration::from_secs(60))
+                                .await
+                                .expect("complete");
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    takeovers
+                })
+            })
+            .collect();
+        let mut takeovers = 0;
+        for t in tasks {
+            takeovers += t.await.expect("task");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swept = sweeper.await.expect("sweeper") + store.sweep().await.expect("sweep");
+        let keys = (TASKS * KEYS) as u64;
+        assert_eq!(
+            swept + takeovers,
+            keys,
+            "every expired record left once: swept or taken over"
+        );
+        assert_eq!(store.len() as u64, keys);
+        assert_eq!(store.inner.used_records.load(Ordering::Relaxed), keys);
+        assert_eq!(store.stored_bytes(), keys * CLAIMED + keys / 2 * 10);
     }
 }

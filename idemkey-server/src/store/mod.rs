@@ -380,7 +380,7 @@ pub trait Store: Send + Sync + 'static {
     /// One sweep pass under `options`: bounded batches, a time budget, and (when
     /// exclusive) the store's sweep lock, so that one instance sweeps at a time
     /// ([`SweepOptions`]). The default runs [`Store::sweep`] once, for stores that
-    /// expire records themselves or sweep in memory.
+    /// expire records themselves; the memory store sweeps in steps of a batch.
     async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
         let _ = options;
         let started = tokio::time::Instant::now();

@@ -24,8 +24,8 @@
 //! p99, p99.9 and the maximum of both latencies in both windows, the sweep's records
 //! per second, and the process's resident set. Last, with no request arriving, it
 //! expires another quarter as many records and times explicit passes of one batch
-//! (`sweep_pass` with a budget of zero): the longest a task waits behind the sweep on
-//! its worker. About 4.5 GB at 10 million records.
+//! (`sweep_pass` with a budget of zero, batches of `--batch` records, the store's own
+//! sweeps' 256 by default): the longest a task waits behind the sweep on its worker. About 4.5 GB at 10 million records.
 //! Linux only (reads `/proc/self/statm`). `--fill-only` stops after the fill, to compare
 //! the hot path of two builds in alternating runs.
 
@@ -39,7 +39,7 @@ use idemkey::store::{
     ClaimRequest, FencingToken, MemoryStore, RecordId, Store, SweepOptions, SweepOutcome,
 };
 
-const USAGE: &str = "usage: memory_sweep [--records N] [--live PERCENT] [--rate PER_SECOND] [--fill-only]   (defaults 10000000, 10, 10000)";
+const USAGE: &str = "usage: memory_sweep [--records N] [--live PERCENT] [--rate PER_SECOND] [--batch N] [--fill-only]   (defaults 10000000, 10, 10000, 256)";
 
 /// A completed record's fingerprint and response sizes.
 const FINGERPRINT: usize = 32;
@@ -52,6 +52,8 @@ struct Args {
     records: u64,
     live_percent: u64,
     rate: u64,
+    /// The batch of the last phase's passes.
+    batch: u64,
     /// Stop after the fill (its rate: the hot path, to compare builds).
     fill_only: bool,
 }
@@ -61,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         records: 10_000_000,
         live_percent: 10,
         rate: 10_000,
+        batch: 256,
         fill_only: false,
     };
     let mut args = std::env::args().skip(1);
@@ -69,6 +72,7 @@ fn parse_args() -> Result<Args, String> {
             "--records" => &mut a.records,
             "--live" => &mut a.live_percent,
             "--rate" => &mut a.rate,
+            "--batch" => &mut a.batch,
             "--fill-only" => {
                 a.fill_only = true;
                 continue;
@@ -251,7 +255,7 @@ fn report(name: &str, samples: &[Sample], from: Duration, to: Duration) {
         .filter(|s| s.at >= ns(from) && s.at < ns(to))
         .copied()
         .collect();
-    println!(
+    eprintln!(
         "{name}: {} requests over {:.2} s\n  latency from spawn: {}\n  claim alone:        {}",
         inside.len(),
         to.saturating_sub(from).as_secs_f64(),
@@ -311,7 +315,7 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> Result<(), String> {
         + Duration::from_secs(20);
     let took_expiring = rt.block_on(fill_both(&store, 1, 0..expiring, Some(deadline)))?;
     let fill_end = Instant::now();
-    println!(
+    eprintln!(
         "filled {} records ({live} live, {expiring} expiring) at {:.0} ns a record (claim + complete, 2 tasks); resident set grew {:.0} MiB ({} B a record)",
         store.len(),
         (took + took_expiring).as_secs_f64() * 1e9 / args.records as f64,
@@ -330,7 +334,7 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> Result<(), String> {
         .block_on(store.sweep())
         .map_err(|e| format!("sweep: {e}"))?;
     let scan = scan_started.elapsed();
-    println!(
+    eprintln!(
         "a sweep with nothing expired ({removed} removed) took {:.1} ms",
         scan.as_secs_f64() * 1e3
     );
@@ -392,14 +396,15 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> Result<(), String> {
     );
     report("sweeping", &samples, t2, t3);
     let sweep = t3 - t2;
-    println!(
+    eprintln!(
         "sweep: {expiring} expired records removed in {:.2} s: {:.0} records/s; {} records left; peak resident set {:.0} MiB",
         sweep.as_secs_f64(),
         expiring as f64 / sweep.as_secs_f64(),
         store.len(),
         rss() as f64 / f64::from(1 << 20)
     );
-    steps(&store, rt, per_record, expiring / 4)
+    let batch = u32::try_from(args.batch).unwrap_or(u32::MAX);
+    steps(&store, rt, per_record, expiring / 4, batch)
 }
 
 /// Explicit passes of one batch each (`Store::sweep_pass` with a budget of zero: one
@@ -411,15 +416,18 @@ fn steps(
     rt: &tokio::runtime::Runtime,
     per_record: f64,
     n: u64,
+    batch: u32,
 ) -> Result<(), String> {
     let deadline = Instant::now()
-        + Duration::from_secs_f64(per_record * n as f64 * 3.0)
-        + Duration::from_secs(5);
+        + Duration::from_secs_f64(per_record * n as f64 * 4.0)
+        + Duration::from_secs(10);
     rt.block_on(fill_both(store, 3, 0..n, Some(deadline)))?;
     std::thread::sleep(
         deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(10),
     );
-    let one = SweepOptions::new().max_duration(Duration::ZERO);
+    let one = SweepOptions::new()
+        .batch(batch)
+        .max_duration(Duration::ZERO);
     let started = Instant::now();
     let mut times = Vec::new();
     let mut removed = 0;
@@ -437,7 +445,7 @@ fn steps(
         }
     })?;
     let took = started.elapsed();
-    println!(
+    eprintln!(
         "passes of one batch ({} records): {} passes removed {removed} in {:.2} s ({:.0} records/s); a pass: {}",
         one.batch_size(),
         times.len(),
