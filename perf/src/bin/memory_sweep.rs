@@ -457,29 +457,18 @@ fn steps(
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+    let Ok(args) = parse_args().inspect_err(|e| eprintln!("{e}")) else {
+        return ExitCode::from(2);
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    let run = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match measure(&args, &rt) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
-        }
+        .map_err(|e| format!("starting the runtime: {e}"))
+        .and_then(|rt| measure(&args, &rt));
+    if let Err(e) = run {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
 }
