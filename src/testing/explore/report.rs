@@ -62,7 +62,6 @@ impl Row {
 
     /// What the code reported, or why it reported nothing (it panicked, or did not
     /// finish within the explorer's [limit per run](super::Explorer::run_limit)).
-    #[must_use]
     pub fn outcome(&self) -> Result<&Outcome, &str> {
         self.result.as_ref().map_err(String::as_str)
     }
