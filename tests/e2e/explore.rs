@@ -138,6 +138,27 @@ fn transient(last: Option<StatusCode>) -> bool {
     last.is_none_or(|s| s.is_server_error() || matches!(s.as_u16(), 409 | 423 | 429))
 }
 
+/// A hand-written loop of up to 4 attempts with one key: after each, `next(last)` says
+/// whether to retry (`Ok(true)`), to stop and report what `last` says (`Ok(false)`), or
+/// to report an outcome of its own (`Err`).
+async fn one_key_loop(
+    ctx: Context,
+    next: impl Fn(Option<StatusCode>) -> Result<bool, Outcome>,
+) -> Outcome {
+    let client = reqwest::Client::new();
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut last = None;
+    for _ in 0..4 {
+        last = post(&client, &ctx, &key).await;
+        match next(last) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(outcome) => return outcome,
+        }
+    }
+    reported(last)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapper_with_a_new_key_per_attempt_fails() {
     let report = Explorer::new()
@@ -180,18 +201,11 @@ async fn a_wrapper_with_a_new_key_per_attempt_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapper_that_retries_a_422_fails() {
     let report = Explorer::new()
-        .run(|ctx| async move {
-            let client = reqwest::Client::new();
-            let key = uuid::Uuid::new_v4().to_string();
-            let mut last = None;
-            for _ in 0..4 {
-                last = post(&client, &ctx, &key).await;
-                // The bug: a 422 is retried like a 503.
-                if !transient(last) && last != Some(StatusCode::UNPROCESSABLE_ENTITY) {
-                    break;
-                }
-            }
-            reported(last)
+        // The bug: a 422 is retried like a 503.
+        .run(|ctx| {
+            one_key_loop(ctx, |last| {
+                Ok(transient(last) || last == Some(StatusCode::UNPROCESSABLE_ENTITY))
+            })
         })
         .await;
     show(&report);
@@ -207,21 +221,12 @@ async fn a_wrapper_that_retries_a_422_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapper_that_takes_a_lost_response_for_success_fails() {
     let report = Explorer::new()
-        .run(|ctx| async move {
-            let client = reqwest::Client::new();
-            let key = uuid::Uuid::new_v4().to_string();
-            let mut last = None;
-            for _ in 0..4 {
-                last = post(&client, &ctx, &key).await;
-                // The bug: no answer at all is taken for "done".
-                if last.is_none() {
-                    return Outcome::Success;
-                }
-                if !transient(last) {
-                    break;
-                }
-            }
-            reported(last)
+        // The bug: no answer at all is taken for "done".
+        .run(|ctx| {
+            one_key_loop(ctx, |last| match last {
+                None => Err(Outcome::Success),
+                answered => Ok(transient(answered)),
+            })
         })
         .await;
     show(&report);

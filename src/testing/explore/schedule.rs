@@ -53,19 +53,6 @@ pub enum AttemptFault {
 }
 
 impl AttemptFault {
-    /// The faults the single, pair and random phases put at every attempt: all but
-    /// [`AttemptFault::KeyReused`], which goes at attempt 1 alone.
-    pub const EXPLORED: [Self; 8] = [
-        Self::LoseResponse,
-        Self::Reset,
-        Self::Late,
-        Self::ServerError,
-        Self::InProgress,
-        Self::Locked,
-        Self::TooManyRequests,
-        Self::StoreUnavailable,
-    ];
-
     /// Every fault, [`AttemptFault::EXPLORED`] then [`AttemptFault::KeyReused`].
     pub const ALL: [Self; 9] = [
         Self::LoseResponse,
@@ -78,6 +65,10 @@ impl AttemptFault {
         Self::StoreUnavailable,
         Self::KeyReused,
     ];
+
+    /// The faults the single, pair and random phases put at every attempt: all but
+    /// [`AttemptFault::KeyReused`], which goes at attempt 1 alone.
+    pub const EXPLORED: &'static [Self] = Self::ALL.split_at(8).0;
 
     /// The fault's token in schedule strings: `lose`, `reset`, `late`, `500`, `409`,
     /// `423`, `429`, `503`, `422`.
@@ -351,7 +342,7 @@ pub(super) fn plan(
         new
     };
     for attempt in 1..=attempts {
-        for fault in AttemptFault::EXPLORED {
+        for &fault in AttemptFault::EXPLORED {
             add(Phase::Single, filled(&[(attempt, fault)]), &mut out);
         }
     }
@@ -362,8 +353,8 @@ pub(super) fn plan(
     );
     for first in 1..=pair_attempts {
         for second in first + 1..=pair_attempts {
-            for a in AttemptFault::EXPLORED {
-                for b in AttemptFault::EXPLORED {
+            for &a in AttemptFault::EXPLORED {
+                for &b in AttemptFault::EXPLORED {
                     add(Phase::Pair, filled(&[(first, a), (second, b)]), &mut out);
                 }
             }
