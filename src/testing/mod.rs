@@ -8,6 +8,10 @@
 //!   retry loop (`idemkey::client::IdempotentClientBuilder::with_inner`) so every attempt meets it.
 //! - [`FaultProxy`]: the same faults at the network level, as a real HTTP proxy on
 //!   `127.0.0.1` between any client (another process, another language) and any server.
+//! - [`Explorer`]: runs your own code (an SDK's `create_charge`) once per fault
+//!   schedule (every fault at every attempt, every pair, then seeded random ones) and
+//!   judges each run: executed at most once, one key per operation, and a result that
+//!   says what happened.
 //! - [`Executions`]: a counter of handler executions.
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
 //!   and third-party [`Store`](crate::store::Store) implementations can run it from
@@ -48,10 +52,15 @@
 //! # Ok(()) }
 //! ```
 
+mod explore;
 mod faults;
 mod proxy;
 mod server;
 
+pub use explore::{
+    AttemptFault, Context, Explorer, Outcome, Phase, Report, Row, Schedule, ScheduleError,
+    ToOutcome,
+};
 pub use faults::{Fault, FaultInjector, FaultPlan, FaultRates, FaultStats, Shot};
 pub use proxy::FaultProxy;
 pub use server::TestServer;

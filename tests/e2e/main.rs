@@ -9,6 +9,8 @@ mod support;
 
 #[cfg(feature = "test-util")]
 mod example_servers;
+#[cfg(feature = "test-util")]
+mod explore;
 mod fault_proxy;
 #[cfg(feature = "test-util")]
 mod interop;
