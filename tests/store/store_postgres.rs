@@ -551,7 +551,7 @@ VALUES ($1, 'fp', NULL, 'old payload', now() + interval '1 hour', now(), 0),
             .fetch_all(&admin)
             .await
             .expect("storage parameters");
-    for option in ["fillfactor=90", "autovacuum_vacuum_scale_factor=0.01"] {
+    for option in ["fillfactor=95", "autovacuum_vacuum_scale_factor=0.01"] {
         assert!(
             options.iter().any(|o| o == option),
             "{option} in {options:?}"

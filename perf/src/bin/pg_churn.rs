@@ -18,7 +18,7 @@
 //! holds `--generations` generations, and each period's sweep removes the oldest. The first `--generations` periods fill the tables;
 //! then `--rounds` periods churn them (each replaces `1/--generations` of the records).
 //!
-//! `--fillfactor` sets the store's table's fill factor instead of the store's own (90),
+//! `--fillfactor` sets the store's table's fill factor instead of the store's own (95),
 //! to compare.
 //!
 //! Vacuum: the program does what autovacuum would, at the start of every period, with
