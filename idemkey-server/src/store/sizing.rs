@@ -134,8 +134,8 @@ impl StoreKind {
                 measured_as: "database file (page_count * page_size)",
             },
             Self::Postgres => Footprint {
-                bytes_per_record: 282,
-                bytes_per_response_byte: 1.36,
+                bytes_per_record: 253,
+                bytes_per_response_byte: 1.37,
                 measured_as: "pg_total_relation_size after VACUUM ANALYZE",
             },
             Self::MySql => Footprint {

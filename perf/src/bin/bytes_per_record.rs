@@ -40,6 +40,9 @@ mod private_redis;
 #[path = "../in_process.rs"]
 mod in_process;
 
+#[path = "../own_database.rs"]
+mod own_database;
+
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 
@@ -48,6 +51,7 @@ use axum::routing::post;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::{MemoryStore, Store};
 use in_process::{post_charge, rss_growth};
+use own_database::with_database;
 use private_redis::PrivateRedis;
 use sqlx::Row;
 
@@ -254,21 +258,6 @@ async fn measure_sqlite(size: usize, records: u64) -> Result<u64, String> {
 }
 
 // ---- PostgreSQL and MySQL: a database of their own -----------------------------------
-
-/// `url` with its database (the path) replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, ""), |(b, q)| (b, q));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    if query.is_empty() {
-        format!("{base}/{db}")
-    } else {
-        format!("{base}/{db}?{query}")
-    }
-}
 
 fn database_name() -> String {
     format!("idemkey_bpr_{}", std::process::id())
