@@ -679,6 +679,8 @@ mod tests {
         }
     }
 
+    // The suite is behind the `conformance` feature.
+    #[cfg(feature = "conformance")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_mysql_claim_conforms_too() {
         // MySQL's path (INSERT, then SELECT, in one query) run on MariaDB.
