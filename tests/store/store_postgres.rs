@@ -431,17 +431,17 @@ async fn upgrades_in_place(schema: Option<&str>) {
     .await;
 
     // A missing index is found and made again; then migrate has nothing to do.
-    let in_progress = match schema {
-        Some(s) => format!("\"{s}\".\"{base}_in_progress\""),
-        None => format!("\"{base}_in_progress\""),
+    let sweep_index = match schema {
+        Some(s) => format!("\"{s}\".\"{base}_sweep_at\""),
+        None => format!("\"{base}_sweep_at\""),
     };
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX {in_progress}")))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX {sweep_index}")))
         .execute(&admin)
         .await
-        .expect("drop the in-progress index");
+        .expect("drop the sweep index");
     store.migrate().await.expect("migrate again");
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(&in_progress)
+        .bind(&sweep_index)
         .fetch_one(&admin)
         .await
         .expect("look the index up");
@@ -470,4 +470,204 @@ async fn migrate_upgrades_a_table_of_the_previous_schema() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn migrate_upgrades_a_schema_qualified_table_of_the_previous_schema() {
     upgrades_in_place(Some(&support::unique("idemkey_schema"))).await;
+}
+
+/// The table and indexes of the layout before `sweep_at` (indexes on `expires_at` and on
+/// in-progress rows, default storage parameters), as `PostgresStore::schema_sql` wrote
+/// them.
+fn layout_before_sweep_at(table: &str) -> String {
+    format!(
+        "CREATE TABLE \"{table}\" (
+    id          bytea       PRIMARY KEY,
+    fingerprint bytea       NOT NULL,
+    token       bytea,
+    payload     bytea,
+    taken_over  boolean     NOT NULL DEFAULT false,
+    expires_at  timestamptz NOT NULL,
+    created     timestamptz NOT NULL DEFAULT now(),
+    retention   bigint      NOT NULL DEFAULT 0
+);
+CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at);
+CREATE INDEX \"{table}_in_progress\" ON \"{table}\" (created) WHERE payload IS NULL;"
+    )
+}
+
+/// `migrate` moves a table of the layout before `sweep_at` to the churn layout: the
+/// old indexes are dropped, the sweep's index and the storage parameters are in place,
+/// the old rows are replayed and completed as before, and the sweep dates them and
+/// removes the expired ones (only those).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_moves_a_table_of_the_layout_before_sweep_at_to_the_churn_layout() {
+    let table = support::unique("idemkey_test");
+    let admin = support::postgres_admin(&support::postgres_url()).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(layout_before_sweep_at(&table)))
+        .execute(&admin)
+        .await
+        .expect("a table of the layout before sweep_at");
+    let id = |key: &str| RecordId::new("old", key);
+    let (running, abandoned) = (FencingToken::random(), FencingToken::random());
+    // Live: completed, running, abandoned within its retention. Expired: completed, and
+    // a claim past its lease and retention.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (id, fingerprint, token, payload, expires_at, created, retention)
+VALUES ($1, 'fp', NULL, 'old payload', now() + interval '1 hour', now(), 0),
+  ($2, 'fp', $3, NULL, now() + interval '1 hour', now(), 3600000000),
+  ($4, 'fp', $5, NULL, now() - interval '1 second', now() - interval '1 minute', 3600000000),
+  ($6, 'fp', NULL, 'gone', now() - interval '1 second', now() - interval '1 minute', 0),
+  ($7, 'fp', $5, NULL, now() - interval '2 seconds', now() - interval '1 minute', 1000000)"
+    )))
+    .bind(id("done").as_bytes().as_slice())
+    .bind(id("running").as_bytes().as_slice())
+    .bind(running.to_bytes().as_slice())
+    .bind(id("abandoned").as_bytes().as_slice())
+    .bind(abandoned.to_bytes().as_slice())
+    .bind(id("expired").as_bytes().as_slice())
+    .bind(id("lapsed").as_bytes().as_slice())
+    .execute(&admin)
+    .await
+    .expect("rows of the layout before sweep_at");
+
+    let store = support::postgres_store(&table).await;
+    let exists = |index: &'static str| {
+        let (admin, name) = (&admin, format!("\"{table}_{index}\""));
+        async move {
+            let found: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                .bind(name)
+                .fetch_one(admin)
+                .await
+                .expect("look the index up");
+            found
+        }
+    };
+    assert!(exists("sweep_at").await, "the sweep's index is made");
+    assert!(!exists("expires_at").await, "the expiry index is dropped");
+    assert!(
+        !exists("in_progress").await,
+        "the in-progress index is dropped"
+    );
+    let options: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(reloptions) FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(format!("\"{table}\""))
+            .fetch_all(&admin)
+            .await
+            .expect("storage parameters");
+    for option in ["fillfactor=90", "autovacuum_vacuum_scale_factor=0.01"] {
+        assert!(
+            options.iter().any(|o| o == option),
+            "{option} in {options:?}"
+        );
+    }
+
+    let claim = |key: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .claim(ClaimRequest {
+                    id: &id(key),
+                    fingerprint: b"fp",
+                    token: FencingToken::random(),
+                    lease: Duration::from_secs(60),
+                    retention: Duration::from_secs(60),
+                })
+                .await
+                .expect("claim")
+        }
+    };
+    assert_eq!(
+        claim("done").await,
+        Claim::Completed {
+            fingerprint: "fp".into(),
+            payload: "old payload".into()
+        }
+    );
+    assert!(matches!(claim("running").await, Claim::InProgress { .. }));
+
+    let pass = store
+        .sweep_pass(&idemkey::store::SweepOptions::new())
+        .await
+        .expect("sweep");
+    assert_eq!(
+        pass.removed(),
+        2,
+        "the expired record and the claim past its retention"
+    );
+    let undated: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{table}\" WHERE sweep_at = '-infinity'"
+    )))
+    .fetch_one(&admin)
+    .await
+    .expect("count");
+    assert_eq!(undated, 0, "the sweep dates every old row");
+    for (key, owner) in [("running", running), ("abandoned", abandoned)] {
+        store
+            .complete(
+                &id(key),
+                owner,
+                "new payload".into(),
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("the owner of an old claim completes it");
+        assert!(matches!(claim(key).await, Claim::Completed { .. }));
+    }
+    assert_eq!(store.sweep().await.expect("sweep"), 0, "live records stay");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(store.schema_sql()))
+        .execute(&admin)
+        .await
+        .expect("schema_sql runs again on the moved table");
+    admin.close().await;
+    support::drop_postgres_table(&table).await;
+}
+
+/// Renewals and completions change no indexed column, so PostgreSQL makes every one of
+/// them a heap-only (HOT) update: no new index entries, old versions pruned on the page.
+#[tokio::test]
+async fn renewals_and_completions_are_heap_only_updates() {
+    let table = support::unique("idemkey_test");
+    let store = support::postgres_store(&table).await;
+    let lease = Duration::from_secs(60);
+    for key in ["a", "b", "c"] {
+        let (id, token) = (RecordId::new("hot", key), FencingToken::random());
+        store
+            .claim(ClaimRequest {
+                id: &id,
+                fingerprint: b"fp",
+                token,
+                lease,
+                retention: lease,
+            })
+            .await
+            .expect("claim");
+        store.renew(&id, token, lease).await.expect("renew");
+        store
+            .complete(&id, token, "reply".into(), lease)
+            .await
+            .expect("complete");
+    }
+    // A session reports its counters when it ends.
+    drop(store);
+    let admin = support::postgres_admin(&support::postgres_url()).await;
+    // Counters arrive within seconds of the sessions' end; ten minutes is a hang.
+    let mut counted = (0, 0);
+    for _ in 0..6000 {
+        counted = sqlx::query_as(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = to_regclass($1)",
+        )
+        .bind(format!("\"{table}\""))
+        .fetch_one(&admin)
+        .await
+        .expect("pg_stat_user_tables");
+        if counted.0 >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (updates, hot): (i64, i64) = counted;
+    assert_eq!(
+        (updates, hot),
+        (6, 6),
+        "three renewals and three completions, all HOT"
+    );
+    admin.close().await;
+    support::drop_postgres_table(&table).await;
 }

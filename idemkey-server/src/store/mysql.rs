@@ -13,7 +13,7 @@ use super::sql::{
     DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, sql,
     sweep_lock_name, takeover_sets, unavailable,
 };
-use super::sweeper::batched_pass;
+use super::sweeper::{Batch, batched_pass};
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, SweepOptions,
     SweepReport,
@@ -579,7 +579,7 @@ impl Store for MySqlStore {
         batched_pass(
             options,
             || self.try_sweep_lock(),
-            |limit| self.sweep_batch(limit),
+            |limit| async move { Ok(Batch::removed(self.sweep_batch(limit).await?, limit)) },
             || self.sweep_lag(),
         )
         .await

@@ -39,7 +39,7 @@ use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
     fenced, sql, sweep_lock_name, unavailable,
 };
-use super::sweeper::batched_pass;
+use super::sweeper::{Batch, batched_pass};
 use super::{
     Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
     StoreError, SweepOptions, SweepReport, Watch, clamp_forever,
@@ -76,25 +76,54 @@ use super::{
 ///     taken_over  boolean     NOT NULL DEFAULT false,
 ///     expires_at  timestamptz NOT NULL,           -- lease end, or retention end
 ///     created     timestamptz NOT NULL DEFAULT now(), -- the current claim's time
-///     retention   bigint      NOT NULL DEFAULT 0  -- µs an abandoned claim is kept
+///     retention   bigint      NOT NULL DEFAULT 0, -- µs an abandoned claim is kept
 ///                                                 -- past its lease
+///     sweep_at    timestamptz NOT NULL DEFAULT '-infinity' -- the row's earliest end
 /// );
 /// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
 ///     created timestamptz NOT NULL DEFAULT now();
 /// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
 ///     retention bigint NOT NULL DEFAULT 0;
-/// CREATE INDEX IF NOT EXISTS idemkey_records_expires_at ON idemkey_records (expires_at);
-/// CREATE INDEX IF NOT EXISTS idemkey_records_in_progress ON idemkey_records (created)
-///     WHERE payload IS NULL;
+/// ALTER TABLE idemkey_records ADD COLUMN IF NOT EXISTS
+///     sweep_at timestamptz NOT NULL DEFAULT '-infinity';
+/// ALTER TABLE idemkey_records SET (fillfactor = 90,
+///     autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+///     autovacuum_analyze_scale_factor = 0.02);
+/// CREATE INDEX IF NOT EXISTS idemkey_records_sweep_at ON idemkey_records (sweep_at);
+/// DROP INDEX IF EXISTS idemkey_records_expires_at;
+/// DROP INDEX IF EXISTS idemkey_records_in_progress;
 /// ```
 ///
-/// The `ALTER TABLE`s upgrade a table of the previous schema (without `created` and
-/// `retention`) in place: its rows show the time of the upgrade as `created`, and its
-/// abandoned claims are not kept past their lease. On a large table, create the
-/// `_in_progress` index yourself first (`CREATE INDEX CONCURRENTLY`, same name) so that
-/// building it does not block writes; the upgrade then skips it. [`PostgresStore::migrate`]
-/// runs nothing once the schema is current, so starting an instance takes no lock on the
-/// table.
+/// The layout is made for churn: every record is inserted, renewed, completed and
+/// deleted within its retention. Renewals and completions change no indexed column, so
+/// PostgreSQL makes them heap-only (HOT) updates: the new row version goes on the same
+/// page, no index gets a new entry, and the old version is pruned from the page
+/// without waiting for vacuum. The fill factor leaves a tenth of each page for those
+/// versions. `sweep_at` is set by the claim to the claim's time plus its retention,
+/// the earliest the row can end whatever follows (a completion with the same
+/// retention ends it later; one with a shorter retention lowers it); the sweep finds
+/// rows through its index and checks the row's real end. Autovacuum starts at 1 % of
+/// the table dead rather than 20 %, so that at tens of millions of records the space
+/// of swept rows is reused within minutes rather than hours (autovacuum must be on in
+/// the server: these settings only tune it). [`Store::list_in_progress`], an operator's
+/// query, reads the whole table (no index on in-progress rows: a completion would
+/// have to change it).
+///
+/// # Upgrading
+///
+/// The statements upgrade a table of an earlier schema in place, and are safe to run
+/// again. Rows of the schema before `created` and `retention` show the time of the
+/// upgrade as `created`, and their abandoned claims are not kept past their lease. Rows
+/// written before `sweep_at` take `'-infinity'` without the table being rewritten, and
+/// each sweep batch dates up to a batch of them (then they are swept as any other).
+/// The fill factor applies to pages written from then on. On a large table, do the
+/// steps that take locks yourself first, without blocking writes: add the column
+/// (`ALTER TABLE ... ADD COLUMN sweep_at ...`, instant), `CREATE INDEX CONCURRENTLY
+/// idemkey_records_sweep_at ON idemkey_records (sweep_at)` and `DROP INDEX
+/// CONCURRENTLY` of the two old indexes; the upgrade then skips them. Upgrade every
+/// instance together: an instance of an earlier version still sweeps by `expires_at`,
+/// which has no index any more. [`PostgresStore::migrate`] runs nothing once the schema
+/// is current, so starting an instance takes no lock on the table.
 ///
 /// # Costs
 ///
@@ -103,7 +132,8 @@ use super::{
 /// rows stay until [`Store::sweep`] deletes them (they count as absent meanwhile;
 /// abandoned claims are kept for their retention past their lease): schedule it, e.g.
 /// every few minutes with [`spawn_sweeper`](crate::store::spawn_sweeper).
-/// [`Store::list_in_progress`] reads the `_in_progress` index, oldest claim first.
+/// `BENCHMARKS.md` has what the layout does under churn (HOT updates, table and index
+/// sizes after many sweeps).
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
@@ -114,6 +144,21 @@ pub struct PostgresStore {
     /// With [`PostgresStoreBuilder::notify`]: the waiters woken by `LISTEN`.
     notifier: Option<Arc<Notifier>>,
 }
+
+/// The table's storage parameters (`ALTER TABLE ... SET (...)`): room on every page for
+/// a completion's new row version, so that it stays on its page as a heap-only (HOT)
+/// update, and vacuum triggered by 1 % of the table dead instead of 20 %.
+const RELOPTIONS: [&str; 4] = [
+    "fillfactor = 90",
+    "autovacuum_vacuum_scale_factor = 0.01",
+    "autovacuum_vacuum_threshold = 1000",
+    "autovacuum_analyze_scale_factor = 0.02",
+];
+
+/// The indexes of earlier schemas that the upgrade drops (by suffix): on `expires_at`,
+/// which completions and renewals change, and on in-progress rows, whose predicate
+/// completions change; either made every completion write a new entry in every index.
+const DROPPED_INDEXES: [&str; 2] = ["expires_at", "in_progress"];
 
 /// The channel complete and release notify (with `notify(true)`), the record id in hex
 /// as payload.
@@ -154,7 +199,12 @@ struct Statements {
 
 impl Statements {
     fn new(t: &str, notify: bool) -> Self {
-        let sets = claim_sets("r.expires_at <= now()", "r.");
+        let taken = "r.expires_at <= now()";
+        // `sweep_at` is the claim's: set with the other columns on a takeover.
+        let sets = format!(
+            "{},\n  sweep_at = CASE WHEN {taken} THEN excluded.sweep_at ELSE r.sweep_at END",
+            claim_sets(taken, "r.")
+        );
         let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
         // The end of the time a row is kept: retention end once completed, lease end
         // plus the claim's retention while in progress (an abandoned claim, rule 4).
@@ -164,6 +214,7 @@ impl Statements {
             AND expires_at + retention * interval '1 microsecond' > now()";
         let expired = "expires_at <= now() AND (payload IS NOT NULL
   OR expires_at + retention * interval '1 microsecond' <= now())";
+        let due = format!("sweep_at > '-infinity' AND sweep_at <= now() AND {expired}");
         let info = "id, payload IS NULL AS in_progress, fingerprint,
   octet_length(payload)::bigint AS payload_len,
   (extract(epoch FROM created) * 1000000)::bigint AS created,
@@ -175,9 +226,10 @@ impl Statements {
   FROM {t} WHERE id = $1::bytea AND expires_at > now()
 ), claimed AS (
   INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at, created,
-    retention)
+    retention, sweep_at)
   SELECT $1::bytea, $2::bytea, $3::bytea, NULL, false,
-    now() + $4::bigint * interval '1 microsecond', now(), $5::bigint
+    now() + $4::bigint * interval '1 microsecond', now(), $5::bigint,
+    now() + $5::bigint * interval '1 microsecond'
   WHERE NOT EXISTS (SELECT 1 FROM live)
   ON CONFLICT (id) DO UPDATE SET
     {sets}
@@ -190,7 +242,8 @@ SELECT * FROM claimed UNION ALL SELECT * FROM live"
             complete: notified(
                 &format!(
                     "UPDATE {t} SET payload = $3, token = NULL,
-  expires_at = now() + $4 * interval '1 microsecond' WHERE {held}"
+  expires_at = now() + $4 * interval '1 microsecond',
+  sweep_at = least(sweep_at, now() + $4 * interval '1 microsecond') WHERE {held}"
                 ),
                 notify,
             ),
@@ -199,16 +252,33 @@ SELECT * FROM claimed UNION ALL SELECT * FROM live"
             )
             .into(),
             release: notified(&format!("DELETE FROM {t} WHERE {held}"), notify),
-            // One bounded batch: the oldest expired rows (through the expiry index),
-            // locked and removed in one short statement; rows a claim holds at that
-            // moment are skipped, not waited for.
+            // One bounded batch in one short statement: the expired rows first in
+            // `sweep_at` order (through its index; `sweep_at` is a lower bound of the
+            // row's end, and the expiry itself is checked on the row), locked (so that
+            // deleting them by id deletes what was checked) and removed; rows a claim
+            // holds at that moment are skipped, not waited for. The ids go through
+            // `ARRAY(...)`, which the planner runs once and then looks up by primary
+            // key (`IN (SELECT ...)` may become a join that reads the whole table).
+            // Besides, up to a batch of rows written before `sweep_at` existed
+            // (`'-infinity'`, the column's default) is given its `sweep_at`.
             sweep: format!(
-                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE {expired}
-  ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+                "WITH dated AS (
+  UPDATE {t} SET sweep_at = CASE WHEN payload IS NULL
+      THEN created + retention * interval '1 microsecond' ELSE expires_at END
+  WHERE id = ANY(ARRAY(SELECT id FROM {t} WHERE sweep_at = '-infinity'
+    LIMIT $1 FOR UPDATE SKIP LOCKED))
+  RETURNING 1
+), swept AS (
+  DELETE FROM {t} WHERE id = ANY(ARRAY(SELECT id FROM {t} WHERE {due}
+    ORDER BY sweep_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM swept) AS removed, (SELECT count(*) FROM dated) AS dated"
             )
             .into(),
             sweep_lag: format!(
-                "SELECT extract(epoch FROM now() - min(expires_at))::float8 FROM {t} WHERE {expired}"
+                "SELECT extract(epoch FROM now() - ({kept_until}))::float8 FROM {t} WHERE {due}
+ORDER BY sweep_at LIMIT 1"
             )
             .into(),
             // A session-level advisory lock, keyed by the table's name: one sweeper per
@@ -230,15 +300,17 @@ ORDER BY created LIMIT $1"
   AND (SELECT count(*) FROM pg_attribute
        WHERE attrelid = to_regclass($1) AND attname = ANY($2) AND NOT attisdropped)
       = cardinality($2)
-  AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL"
+  AND (SELECT coalesce(reloptions, '{}') @> $3 FROM pg_class WHERE oid = to_regclass($1))
+  AND to_regclass($4) IS NOT NULL AND to_regclass($5) IS NULL AND to_regclass($6) IS NULL"
                 .into(),
             // The inbox's statements run in the caller's transaction, where `now()` is
             // the transaction's start: `statement_timestamp()` is the time now.
             inbox_insert: format!(
                 "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at, created,
-    retention)
+    retention, sweep_at)
   VALUES ($1, $2, NULL, NULL, false,
-    statement_timestamp() + $3 * interval '1 microsecond', statement_timestamp(), 0)
+    statement_timestamp() + $3 * interval '1 microsecond', statement_timestamp(), 0,
+    statement_timestamp() + $3 * interval '1 microsecond')
   ON CONFLICT (id) DO NOTHING"
             )
             .into(),
@@ -252,6 +324,7 @@ FROM {t} WHERE id = $1 FOR UPDATE"
             inbox_take: format!(
                 "UPDATE {t} SET fingerprint = $2, token = NULL, payload = NULL, taken_over = false,
   expires_at = statement_timestamp() + $3 * interval '1 microsecond',
+  sweep_at = statement_timestamp() + $3 * interval '1 microsecond',
   created = statement_timestamp(), retention = 0
 WHERE id = $1"
             )
@@ -425,10 +498,10 @@ impl PostgresStore {
     #[must_use]
     pub fn schema_sql(&self) -> String {
         let t = self.table.quoted();
-        let (expiry, in_progress) = (
-            self.table.index_name("expires_at"),
-            self.table.index_name("in_progress"),
-        );
+        let sweep = self.table.index_name("sweep_at");
+        let [expiry, in_progress] =
+            DROPPED_INDEXES.map(|suffix| self.table.qualified_index_name(suffix));
+        let options = RELOPTIONS.join(", ");
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (
     id          bytea       PRIMARY KEY,
@@ -438,12 +511,16 @@ impl PostgresStore {
     taken_over  boolean     NOT NULL DEFAULT false,
     expires_at  timestamptz NOT NULL,
     created     timestamptz NOT NULL DEFAULT now(),
-    retention   bigint      NOT NULL DEFAULT 0
+    retention   bigint      NOT NULL DEFAULT 0,
+    sweep_at    timestamptz NOT NULL DEFAULT '-infinity'
 );
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS created timestamptz NOT NULL DEFAULT now();
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS retention bigint NOT NULL DEFAULT 0;
-CREATE INDEX IF NOT EXISTS {expiry} ON {t} (expires_at);
-CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;"
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS sweep_at timestamptz NOT NULL DEFAULT '-infinity';
+ALTER TABLE {t} SET ({options});
+CREATE INDEX IF NOT EXISTS {sweep} ON {t} (sweep_at);
+DROP INDEX IF EXISTS {expiry};
+DROP INDEX IF EXISTS {in_progress};"
         )
     }
 
@@ -459,11 +536,16 @@ CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;
     /// DDL (for example for lack of privileges).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let err = |e| unavailable("PostgreSQL: creating the schema", e);
+        let columns = [ADDED_COLUMNS.as_slice(), &["sweep_at"]].concat();
+        let [expiry, in_progress] =
+            DROPPED_INDEXES.map(|suffix| self.table.qualified_index_name(suffix));
         let current: bool = sqlx::query_scalar(sql(&self.sql.schema_is_current))
             .bind(self.table.quoted())
-            .bind(ADDED_COLUMNS.as_slice())
-            .bind(self.table.qualified_index_name("expires_at"))
-            .bind(self.table.qualified_index_name("in_progress"))
+            .bind(columns)
+            .bind(RELOPTIONS.map(|o| o.replace(' ', "")).as_slice())
+            .bind(self.table.qualified_index_name("sweep_at"))
+            .bind(expiry)
+            .bind(in_progress)
             .fetch_one(&self.pool)
             .await
             .map_err(err)?;
@@ -677,20 +759,32 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
-    /// Removes at most `limit` expired records in one statement.
-    async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql(&self.sql.sweep))
+    /// Removes at most `limit` expired records, and dates at most `limit` rows written
+    /// before `sweep_at` existed, in one statement.
+    async fn sweep_batch(&self, limit: u32) -> Result<Batch, StoreError> {
+        let row = sqlx::query(sql(&self.sql.sweep))
             .bind(i64::from(limit))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(|e| unavailable("PostgreSQL: sweeping expired records", e))?;
-        Ok(done.rows_affected())
+        let count = |column| {
+            row.try_get::<i64, _>(column)
+                .map(|n| u64::try_from(n).unwrap_or(0))
+                .map_err(|e| StoreError::corrupt(format!("the sweep returned {e}")))
+        };
+        let (removed, dated) = (count("removed")?, count("dated")?);
+        // Rows just dated are swept by the next batch.
+        Ok(Batch {
+            removed,
+            more: removed >= u64::from(limit) || dated > 0,
+        })
     }
 
-    /// How long the oldest expired record still present has been expired.
+    /// How long the first expired record in sweep order (within a request's duration of
+    /// the oldest) has been expired.
     async fn sweep_lag(&self) -> Option<Duration> {
         let secs: Option<f64> = sqlx::query_scalar(sql(&self.sql.sweep_lag))
-            .fetch_one(&self.pool)
+            .fetch_optional(&self.pool)
             .await
             .ok()?;
         Some(secs.map_or(Duration::ZERO, |s| Duration::from_secs_f64(s.max(0.0))))

@@ -44,7 +44,7 @@ use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
     unavailable,
 };
-use super::sweeper::batched_pass;
+use super::sweeper::{Batch, batched_pass};
 use super::{
     Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, Store, StoreError, SweepOptions,
     SweepReport, clamp_forever,
@@ -538,7 +538,7 @@ impl Store for SqliteStore {
         batched_pass(
             options,
             || async { Ok(Some(())) },
-            |limit| self.sweep_batch(limit),
+            |limit| async move { Ok(Batch::removed(self.sweep_batch(limit).await?, limit)) },
             || self.sweep_lag(),
         )
         .await

@@ -194,8 +194,29 @@ impl SweepReport {
     }
 }
 
-/// Runs `batch(limit)` until a batch removes fewer than `limit` records or the budget is
-/// spent (at least one batch runs): the loop of every store that sweeps in batches.
+/// What one sweep batch did: the records it removed, and whether it found a full batch
+/// of work (then the pass goes on).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Batch {
+    pub(crate) removed: u64,
+    pub(crate) more: bool,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl Batch {
+    /// A batch of at most `limit` records that removed `removed`: more may be left when
+    /// it removed a full batch.
+    pub(crate) fn removed(removed: u64, limit: u32) -> Self {
+        Self {
+            removed,
+            more: removed >= u64::from(limit),
+        }
+    }
+}
+
+/// Runs `batch(limit)` until a batch finds less than a full batch of work or the budget
+/// is spent (at least one batch runs): the loop of every store that sweeps in batches.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 async fn run_batches<F, Fut>(
     options: &SweepOptions,
@@ -204,15 +225,15 @@ async fn run_batches<F, Fut>(
 ) -> Result<SweepReport, StoreError>
 where
     F: FnMut(u32) -> Fut,
-    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+    Fut: std::future::Future<Output = Result<Batch, StoreError>>,
 {
     let limit = options.batch_size();
     let (mut removed, mut batches) = (0u64, 0u32);
     loop {
-        let n = batch(limit).await?;
-        removed += n;
+        let done = batch(limit).await?;
+        removed += done.removed;
         batches += 1;
-        if n < u64::from(limit) {
+        if !done.more {
             return Ok(SweepReport::new(
                 removed,
                 batches,
@@ -249,7 +270,7 @@ pub(crate) async fn batched_pass<L, LockFut, B, BatchFut, LagFut>(
 where
     LockFut: std::future::Future<Output = Result<Option<L>, StoreError>>,
     B: FnMut(u32) -> BatchFut,
-    BatchFut: std::future::Future<Output = Result<u64, StoreError>>,
+    BatchFut: std::future::Future<Output = Result<Batch, StoreError>>,
     LagFut: std::future::Future<Output = Option<Duration>>,
 {
     let started = Instant::now();
