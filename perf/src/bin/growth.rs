@@ -34,9 +34,10 @@
 //! 5. Sweeping: R pairs of rounds against the `full` server, the order alternating: one
 //!    while a sweep pass of M freshly inserted expired records runs (the round lasts as
 //!    long as the pass) and one of the same length without. The `charge_server`
-//!    processes run their own sweeper every 5 minutes as well; it finds nothing
-//!    expired outside the sweep rounds, and the pass here is not exclusive, so
-//!    a tick during a sweep round shares the work.
+//!    processes run their own sweeper every 5 minutes as well; expired records are
+//!    inserted just before a pass, so it finds nothing outside the passes, and the pass
+//!    here is not exclusive: a tick during a pass shares the work (the rows it removes
+//!    are missing from the pass's count, which is printed).
 //! 6. After a last pass and a vacuum (PostgreSQL `VACUUM ANALYZE`, MariaDB `ANALYZE
 //!    TABLE`, SQLite: pages in use, without the freelist a `VACUUM` would drop), the
 //!    storage per live record again, against step 2's.
@@ -349,6 +350,7 @@ enum Template {
         retention: i64,
         expires: i64,
         created: i64,
+        sweep: i64,
     },
     My {
         fingerprint: Vec<u8>,
@@ -408,7 +410,8 @@ async fn template(db: &Db) -> Result<Template, String> {
             let row = sqlx::query(
                 "SELECT fingerprint, token, payload, taken_over, retention,
                     (extract(epoch FROM expires_at - now()) * 1000000)::bigint AS expires,
-                    (extract(epoch FROM created - now()) * 1000000)::bigint AS created
+                    (extract(epoch FROM created - now()) * 1000000)::bigint AS created,
+                    (extract(epoch FROM sweep_at - now()) * 1000000)::bigint AS sweep
                  FROM idemkey_records LIMIT 1",
             )
             .fetch_one(pool)
@@ -422,6 +425,7 @@ async fn template(db: &Db) -> Result<Template, String> {
                 retention: row.try_get("retention").map_err(&err)?,
                 expires: row.try_get("expires").map_err(&err)?,
                 created: row.try_get("created").map_err(&err)?,
+                sweep: row.try_get("sweep").map_err(&err)?,
             }
         }
         Db::My(pool) => {
@@ -491,13 +495,16 @@ async fn insert(
                 retention,
                 expires,
                 created,
+                sweep,
             },
         ) => sqlx::query(
             "INSERT INTO idemkey_records
-                (id, fingerprint, token, payload, taken_over, expires_at, created, retention)
+                (id, fingerprint, token, payload, taken_over, expires_at, created, retention,
+                sweep_at)
              SELECT sha256(int8send(g)), $5, $6, $7, $8,
                 now() + ($10 + $3 * g + $4) * interval '1 microsecond',
-                now() + ($11 + $3 * g + $4) * interval '1 microsecond', $9
+                now() + ($11 + $3 * g + $4) * interval '1 microsecond', $9,
+                now() + ($12 + $3 * g + $4) * interval '1 microsecond'
              FROM generate_series($1::bigint, $2::bigint) g",
         )
         .bind(from)
@@ -511,6 +518,7 @@ async fn insert(
         .bind(retention)
         .bind(expires)
         .bind(created)
+        .bind(sweep)
         .execute(pool)
         .await
         .map_err(err)?
