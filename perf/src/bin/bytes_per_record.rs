@@ -40,11 +40,15 @@ mod private_redis;
 #[path = "../in_process.rs"]
 mod in_process;
 
+#[path = "../database_url.rs"]
+mod database_url;
+
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::post;
+use database_url::with_database;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::{MemoryStore, Store};
 use in_process::{post_charge, rss_growth};
@@ -254,21 +258,6 @@ async fn measure_sqlite(size: usize, records: u64) -> Result<u64, String> {
 }
 
 // ---- PostgreSQL and MySQL: a database of their own -----------------------------------
-
-/// `url` with its database (the path) replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, ""), |(b, q)| (b, q));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    if query.is_empty() {
-        format!("{base}/{db}")
-    } else {
-        format!("{base}/{db}?{query}")
-    }
-}
 
 fn database_name() -> String {
     format!("idemkey_bpr_{}", std::process::id())

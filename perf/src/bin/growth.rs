@@ -55,6 +55,8 @@
 
 #[path = "../charge_connection.rs"]
 mod charge_connection;
+#[path = "../database_url.rs"]
+mod database_url;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,6 +67,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use charge_connection::ChargeConnection;
+use database_url::with_database;
 use idemkey::store::{Store, SweepOptions};
 use sqlx::Row;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -171,21 +174,6 @@ fn main() -> ExitCode {
 }
 
 // ---- the databases -------------------------------------------------------------------
-
-/// `url` with its database (the path) replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    if query.is_empty() {
-        format!("{base}/{db}")
-    } else {
-        format!("{base}/{db}?{query}")
-    }
-}
 
 /// A connection to one of the two stores' databases, for the SQL the stores do not do.
 enum Db {
