@@ -65,20 +65,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, header};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use idemkey::server::{Engine, IdempotencyLayer};
 use idemkey::store::MemoryStore;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 #[path = "../../../../examples/common/charge_app.rs"]
 mod charge_app;
+#[path = "../../charge_connection.rs"]
+mod charge_connection;
 mod floor;
 #[path = "../../../../examples/common/metrics.rs"]
 mod metrics;
 use charge_app::ChargeApp;
+use charge_connection::ChargeConnection;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
             [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load] [--store URL]
@@ -609,12 +609,7 @@ async fn connection(
     // Keys of this driver process's own (its id in them): a second run against the same
     // server, or against a store that outlives the server, sends fresh keys again.
     let run = std::process::id();
-    let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let (mut sender, conn_task) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    let conn_task = tokio::spawn(conn_task);
+    let mut charges = ChargeConnection::open(addr).await?;
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) && n < limit {
         let key = match workload {
@@ -623,28 +618,12 @@ async fn connection(
             }
             Workload::Replay | Workload::FloorReplay => format!("{run:x}.{round}-c{conn}"),
         };
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri("/v1/charges")
-            .header(header::HOST, "127.0.0.1")
-            .header(header::CONTENT_TYPE, "application/json")
-            .header("idempotency-key", key)
-            .body(Full::new(body.clone()))
-            .map_err(|e| e.to_string())?;
-        sender.ready().await.map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        resp.into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?;
+        let status = charges.post(&key, &body).await?;
         if status != http::StatusCode::OK {
             return Err(format!("{} answered {status}", workload.name()));
         }
         done.fetch_add(1, Ordering::Relaxed);
         n += 1;
     }
-    drop(sender);
-    conn_task.abort();
     Ok(())
 }
