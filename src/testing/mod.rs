@@ -8,6 +8,9 @@
 //!   retry loop (`idemkey::client::IdempotentClientBuilder::with_inner`) so every attempt meets it.
 //! - [`FaultProxy`]: the same faults at the network level, as a real HTTP proxy on
 //!   `127.0.0.1` between any client (another process, another language) and any server.
+//! - [`VendorFake`]: a fake of a vendor's endpoint on `127.0.0.1`: the verifier in the
+//!   vendor's [`Dialect`](crate::protocol::Dialect) (Stripe, Square, PayPal, ...) in front
+//!   of a built-in handler that creates objects, or an app of the test's own.
 //! - [`Executions`]: a counter of handler executions.
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
 //!   and third-party [`Store`](crate::store::Store) implementations can run it from
@@ -51,10 +54,12 @@
 mod faults;
 mod proxy;
 mod server;
+mod vendor;
 
 pub use faults::{Fault, FaultInjector, FaultPlan, FaultRates, FaultStats, Shot};
 pub use proxy::FaultProxy;
 pub use server::TestServer;
+pub use vendor::VendorFake;
 
 /// The store conformance suite (`idemkey-server`'s, feature `conformance` there).
 #[doc(inline)]
