@@ -152,7 +152,9 @@ async fn an_in_progress_answer_is_retried_with_the_same_key() {
         while runs.count() == 0 {
             tokio::task::yield_now().await;
         }
-        let second = tokio::spawn(call(client.clone(), key.clone(), proxy.url("/v1/payments")));
+        // Another client: one client would hold the duplicate back (single flight).
+        let other = self::client(&dialect, 10_000);
+        let second = tokio::spawn(call(other, key.clone(), proxy.url("/v1/payments")));
         // Its second attempt proves its first got the in-progress answer.
         while proxy.stats().attempts < 3 {
             tokio::task::yield_now().await;
