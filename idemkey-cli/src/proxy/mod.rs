@@ -75,8 +75,9 @@ pub(crate) struct ProxyArgs {
     /// invalid key and an unavailable store get the vendor's status, error body and
     /// retry hints; replays carry the vendor's marker, if it has one. A route's
     /// `dialect` in --config wins over this flag.
-    #[arg(long, value_name = "VENDOR")]
-    dialect: Option<idemkey::protocol::Dialect>,
+    #[arg(long, value_name = "VENDOR",
+        value_parser = clap::builder::PossibleValuesParser::new(idemkey::protocol::Dialect::ALL_NAMES))]
+    dialect: Option<String>,
     /// The seed of `--faults`: the same seed and order of requests give the same faults.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -297,7 +298,13 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), String> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let mut routes = config::load(config_text.as_deref().map(|t| (config_name.as_str(), t)))?;
-    if let Some(dialect) = &args.dialect {
+    let dialect = args
+        .dialect
+        .as_deref()
+        .map(str::parse::<idemkey::protocol::Dialect>)
+        .transpose()
+        .map_err(|e| format!("--dialect: {e}"))?;
+    if let Some(dialect) = &dialect {
         for route in routes.iter_mut().filter(|r| r.dialect.is_none()) {
             route.use_dialect(dialect.clone());
         }
