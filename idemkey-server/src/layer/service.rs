@@ -193,7 +193,10 @@ where
                 Ok(cfg.answer(Rejection::in_progress(retry_after), grpc))
             }
             Ok(Claimed::KeyReused) => Ok(cfg.answer(
-                Rejection::key_reused(idemkey_core::protocol::Problem::KeyReused.default_status()),
+                Rejection::key_reused(
+                    cfg.key_reused_status
+                        .unwrap_or(idemkey_core::protocol::Problem::KeyReused.default_status()),
+                ),
                 grpc,
             )),
             Ok(Claimed::QuotaExceeded { retry_after }) => {
