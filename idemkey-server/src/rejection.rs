@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 
 use super::body::ResponseBody;
+use idemkey_core::protocol::dialect::{Dialect, Refusal, Reply};
 use idemkey_core::protocol::problem::{PROBLEM_JSON, Problem};
 use idemkey_core::protocol::retry_after;
 
@@ -368,6 +369,48 @@ impl Rejection {
     }
 }
 
+/// A reply of a vendor dialect as the layer's response.
+pub(crate) fn reply_response(reply: Reply) -> http::Response<ResponseBody> {
+    let body = Bytes::from(reply.body.to_string());
+    let mut resp = http::Response::new(ResponseBody::full(body));
+    *resp.status_mut() = reply.status;
+    *resp.headers_mut() = reply.headers;
+    resp
+}
+
+impl Rejection {
+    /// The response to this rejection in a vendor's `dialect`: its status, body and
+    /// hint headers for the answers a dialect shapes (a reused key, in progress, a
+    /// missing or invalid key, an unavailable store: see
+    /// [`Refusal`](idemkey_core::protocol::dialect::Refusal)); every other problem is
+    /// the problem document of [`Rejection::into_response`], as in every dialect.
+    /// [`Dialect::standard`] gives exactly [`Rejection::into_response`].
+    ///
+    /// ```
+    /// use idemkey::protocol::Dialect;
+    /// use idemkey::server::Rejection;
+    /// let r = Rejection::missing_key("the `idempotency_key` field of the JSON body");
+    /// let resp = r.into_dialect_response(&Dialect::square());
+    /// assert_eq!(resp.status(), 400);
+    /// assert_eq!(resp.headers()["content-type"], "application/json");
+    /// ```
+    #[must_use]
+    pub fn into_dialect_response(self, dialect: &Dialect) -> http::Response<ResponseBody> {
+        match Refusal::of(self.problem) {
+            Some(refusal) if dialect.id() != Dialect::standard().id() => {
+                let mut reply = dialect.reply(refusal, &self.detail, self.retry_after);
+                if self.close {
+                    reply
+                        .headers
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                reply_response(reply)
+            }
+            _ => self.into_response(),
+        }
+    }
+}
+
 /// The gRPC status codes the layer answers with (`google.rpc.Code`).
 impl Rejection {
     /// The gRPC status code this rejection is given as to a gRPC call
@@ -438,15 +481,6 @@ impl Rejection {
             h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
         }
         resp
-    }
-
-    /// [`Rejection::into_grpc_response`] when `grpc`, else [`Rejection::into_response`].
-    pub(crate) fn answer(self, grpc: bool) -> http::Response<ResponseBody> {
-        if grpc {
-            self.into_grpc_response()
-        } else {
-            self.into_response()
-        }
     }
 }
 

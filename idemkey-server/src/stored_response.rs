@@ -9,6 +9,7 @@ use super::body::ResponseBody;
 use super::record::{self, Record};
 use super::rejection::Rejection;
 use idemkey_core::protocol::ReplayHeader;
+use idemkey_core::protocol::dialect::{self, Dialect, Refusal};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) and the length/encoding framing that the server
 /// recomputes; never stored.
@@ -115,7 +116,7 @@ impl<'h> Storable<'h> {
 pub(crate) fn replay(
     payload: Bytes,
     limit: usize,
-    marker: ReplayHeader,
+    marker: Option<ReplayHeader>,
 ) -> Result<Response<ResponseBody>, Rejection> {
     match Record::decode(payload) {
         Ok(Record::Response {
@@ -128,8 +129,10 @@ pub(crate) fn replay(
             let mut resp = Response::new(ResponseBody::full_with_trailers(body, trailers));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
-            resp.headers_mut()
-                .insert(marker.name(), ReplayHeader::value());
+            if let Some(marker) = marker {
+                resp.headers_mut()
+                    .insert(marker.name(), ReplayHeader::value());
+            }
             Ok(resp)
         }
         Ok(Record::TooLarge { size_at_least, .. }) => {
@@ -140,6 +143,45 @@ pub(crate) fn replay(
         )),
         Err(why) => Err(Rejection::record_unreadable(why)),
     }
+}
+
+/// The answer of a dialect that refuses repeats of a completed request (GoCardless's
+/// `409 idempotent_creation_conflict`) instead of replaying it: it names the resource
+/// the stored response created, the `id` at the top of its JSON body or one level down
+/// (`{"payments": {"id": "PM123"}}`).
+pub(crate) fn refuse_replay(
+    payload: Bytes,
+    dialect: &Dialect,
+) -> Result<Response<ResponseBody>, Rejection> {
+    let body = match Record::decode(payload) {
+        Ok(Record::Response { body, .. }) => Some(body),
+        Ok(_) => None,
+        Err(why) => return Err(Rejection::record_unreadable(why)),
+    };
+    let id = body
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|doc| resource_id(&doc).map(str::to_owned));
+    let mut reply = dialect.reply(
+        Refusal::AlreadyExecuted,
+        "A resource has already been created with this idempotency key",
+        None,
+    );
+    if let Some(id) = id {
+        dialect::name_conflicting_resource(&mut reply, &id);
+    }
+    Ok(super::rejection::reply_response(reply))
+}
+
+/// The `id` string of a resource document: `/id`, or the `id` of its first member that
+/// has one.
+fn resource_id(doc: &serde_json::Value) -> Option<&str> {
+    doc.get("id")
+        .and_then(serde_json::Value::as_str)
+        .or_else(|| {
+            doc.as_object()?
+                .values()
+                .find_map(|v| v.get("id").and_then(serde_json::Value::as_str))
+        })
 }
 
 #[cfg(test)]

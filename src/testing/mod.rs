@@ -12,6 +12,9 @@
 //!   schedule (every fault at every attempt, every pair, then seeded random ones) and
 //!   judges each run: executed at most once, one key per operation, and a result that
 //!   says what happened.
+//! - [`VendorFake`]: a fake of a vendor's endpoint on `127.0.0.1`: the verifier in the
+//!   vendor's [`Dialect`](crate::protocol::Dialect) (Stripe, Square, PayPal, ...) in front
+//!   of a built-in handler that creates objects, or an app of the test's own.
 //! - [`Executions`]: a counter of handler executions.
 //! - [`conformance`]: the store conformance suite. Every store in this crate passes it,
 //!   and third-party [`Store`](crate::store::Store) implementations can run it from
@@ -56,6 +59,7 @@ mod explore;
 mod faults;
 mod proxy;
 mod server;
+mod vendor;
 
 pub use explore::{
     AttemptFault, Context, Explorer, Outcome, Phase, Report, Row, Schedule, ScheduleError,
@@ -64,6 +68,7 @@ pub use explore::{
 pub use faults::{Fault, FaultInjector, FaultPlan, FaultRates, FaultStats, Shot};
 pub use proxy::FaultProxy;
 pub use server::TestServer;
+pub use vendor::VendorFake;
 
 /// The store conformance suite (`idemkey-server`'s, feature `conformance` there).
 #[doc(inline)]

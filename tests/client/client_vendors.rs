@@ -426,7 +426,6 @@ fn profiles_carry_their_documented_facts() {
     let header = |p: &VendorProfile| match p.key_placement() {
         KeyPlacement::Header(h) => h.as_str().to_owned(),
         KeyPlacement::JsonBodyField(f) => format!("body:{f}"),
-        _ => "?".into(),
     };
     let table = [
         (

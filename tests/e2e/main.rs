@@ -19,3 +19,4 @@ mod pairing;
 mod queues_nats;
 #[cfg(all(feature = "test-util", feature = "postgres"))]
 mod queues_rabbitmq;
+mod vendor_dialects;

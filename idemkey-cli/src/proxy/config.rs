@@ -15,6 +15,7 @@
 //! body_limit = 1048576          # bytes of request body buffered (413 beyond)
 //! stored_response_limit = 1048576
 //! key_reused_status = 400       # Stripe's; 422 by default
+//! dialect = "stripe"            # answer as this vendor does (`idemkey proxy --help`)
 //! fingerprint = { headers = ["Stripe-Account"], canonical_json = true }
 //! # New keys per second per scope (the scope header's value), bursts, and claims in
 //! # progress per scope; over it: 429 quota-exceeded. `shared = true` keeps the buckets
@@ -34,6 +35,7 @@ use http::{HeaderName, Method, StatusCode};
 use serde::Deserialize;
 
 use idemkey::fingerprint::Fingerprinter;
+use idemkey::protocol::dialect::{Dialect, KeyPlacement};
 use idemkey::server::policy::{KeyRequirement, Quota};
 
 /// The whole file.
@@ -67,6 +69,7 @@ struct Settings {
     body_limit: Option<usize>,
     stored_response_limit: Option<usize>,
     key_reused_status: Option<u16>,
+    dialect: Option<String>,
     fingerprint: Option<FingerprintSettings>,
     quota: Option<QuotaSettings>,
 }
@@ -126,16 +129,31 @@ pub(crate) struct Route {
     /// `None`: required on unsafe methods, off on safe ones.
     pub(crate) key: Option<KeyRequirement>,
     pub(crate) key_header: HeaderName,
+    /// The file named the key header.
+    pub(crate) key_header_named: bool,
     pub(crate) scope_header: Option<HeaderName>,
     pub(crate) retention: Option<Duration>,
     pub(crate) body_limit: Option<usize>,
     pub(crate) stored_response_limit: Option<usize>,
     pub(crate) key_reused_status: Option<StatusCode>,
+    /// The vendor dialect the route answers in (`None`: the standard one).
+    pub(crate) dialect: Option<Dialect>,
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) quota: Option<Quota>,
 }
 
 impl Route {
+    /// Answer in `dialect` (the `--dialect` flag, for routes the file gives none): the
+    /// key header becomes the dialect's, unless the file named one.
+    pub(crate) fn use_dialect(&mut self, dialect: Dialect) {
+        if let (KeyPlacement::Header(name), false) =
+            (dialect.key_placement(), self.key_header_named)
+        {
+            self.key_header = name.clone();
+        }
+        self.dialect = Some(dialect);
+    }
+
     /// Whether this route decides for `method` on `path`.
     pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
         (self.methods.is_empty() || self.methods.contains(method))
@@ -204,6 +222,7 @@ fn merge(route: &Settings, default: &Settings) -> Settings {
             .stored_response_limit
             .or(default.stored_response_limit),
         key_reused_status: route.key_reused_status.or(default.key_reused_status),
+        dialect: route.dialect.clone().or_else(|| default.dialect.clone()),
         fingerprint: route
             .fingerprint
             .clone()
@@ -285,7 +304,25 @@ fn resolve(
         })
         .transpose()?;
     let quota = s.quota.as_ref().map(|q| quota(context, q)).transpose()?;
+    let dialect = s
+        .dialect
+        .as_deref()
+        .map(|d| {
+            d.parse::<Dialect>()
+                .map_err(|e| format!("{context}: dialect: {e}"))
+        })
+        .transpose()?;
+    let key_header = match dialect.as_ref().map(Dialect::key_placement) {
+        // The dialect's header, unless the file names another.
+        Some(KeyPlacement::Header(name)) if s.key_header.is_none() => name.clone(),
+        _ => header(
+            context,
+            "key_header",
+            s.key_header.as_deref().unwrap_or("idempotency-key"),
+        )?,
+    };
     Ok(Route {
+        dialect,
         quota,
         path,
         pattern,
@@ -295,11 +332,8 @@ fn resolve(
             Requirement::Optional => KeyRequirement::Optional,
             Requirement::Off => KeyRequirement::Off,
         }),
-        key_header: header(
-            context,
-            "key_header",
-            s.key_header.as_deref().unwrap_or("idempotency-key"),
-        )?,
+        key_header,
+        key_header_named: s.key_header.is_some(),
         scope_header: s
             .scope_header
             .as_deref()
@@ -397,6 +431,20 @@ mod tests {
             .expect_err(bad);
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_dialect_per_route_or_by_default() {
+        let routes = load(Some((
+            "r.toml",
+            "[default]\ndialect = \"paypal\"\n[[route]]\npath = \"/a\"\ndialect = \"square\"\n",
+        )))
+        .expect("valid");
+        assert_eq!(routes[0].dialect.as_ref().map(Dialect::id), Some("square"));
+        assert_eq!(routes[1].dialect.as_ref().map(Dialect::id), Some("paypal"));
+        assert_eq!(routes[1].key_header, "paypal-request-id");
+        let err = load(Some(("r.toml", "[default]\ndialect = \"strip\"\n"))).expect_err("unknown");
+        assert!(err.contains("stripe") && err.contains("[default]"), "{err}");
     }
 
     #[test]

@@ -68,6 +68,16 @@ pub(crate) struct ProxyArgs {
     /// `delay=DURATION` (or `RATE`, or `RATE@DURATION`), comma-separated.
     #[arg(long, value_parser = faults::parse, value_name = "FAULTS")]
     faults: Option<FaultRates>,
+    /// Answer as this vendor's API does: standard (default), stripe, stainless, adyen,
+    /// paypal, square, checkout, gocardless. The key is read where the vendor puts it
+    /// (PayPal-Request-Id, Cko-Idempotency-Key, Square's `idempotency_key` body field)
+    /// within its length limit; a reused key, a duplicate in progress, a missing or
+    /// invalid key and an unavailable store get the vendor's status, error body and
+    /// retry hints; replays carry the vendor's marker, if it has one. A route's
+    /// `dialect` in --config wins over this flag.
+    #[arg(long, value_name = "VENDOR",
+        value_parser = clap::builder::PossibleValuesParser::new(idemkey::protocol::Dialect::ALL_NAMES))]
+    dialect: Option<String>,
     /// The seed of `--faults`: the same seed and order of requests give the same faults.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -258,6 +268,15 @@ fn layer_for(engine: &Engine, route: &config::Route, no_verify: bool) -> Idempot
     if let Some(quota) = route.quota {
         layer = layer.quota(quota);
     }
+    if let Some(dialect) = &route.dialect {
+        layer = layer.dialect(dialect.clone());
+        if route.key_header_named {
+            layer = layer.key_header(route.key_header.clone());
+        }
+        if let Some(status) = route.key_reused_status {
+            layer = layer.key_reused_status(status);
+        }
+    }
     layer
 }
 
@@ -278,7 +297,18 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), String> {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    let routes = config::load(config_text.as_deref().map(|t| (config_name.as_str(), t)))?;
+    let mut routes = config::load(config_text.as_deref().map(|t| (config_name.as_str(), t)))?;
+    let dialect = args
+        .dialect
+        .as_deref()
+        .map(str::parse::<idemkey::protocol::Dialect>)
+        .transpose()
+        .map_err(|e| format!("--dialect: {e}"))?;
+    if let Some(dialect) = &dialect {
+        for route in routes.iter_mut().filter(|r| r.dialect.is_none()) {
+            route.use_dialect(dialect.clone());
+        }
+    }
     let upstream = Upstream::new(&args.upstream)?;
     let store = idemkey::store::open(&args.store)
         .await
@@ -291,8 +321,9 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), String> {
             (false, None) => "required on unsafe methods".to_owned(),
             (false, Some(k)) => format!("{k:?}").to_lowercase(),
         };
+        let dialect = route.dialect.as_ref().map_or("standard", |d| d.id());
         eprintln!(
-            "idemkey proxy: route {} {}: key {key}",
+            "idemkey proxy: route {} {}: key {key}, dialect {dialect}",
             route.pattern,
             if methods.is_empty() {
                 "(any method)".to_owned()

@@ -740,3 +740,74 @@ async fn sizing_prints_the_sizing_modules_estimate() {
         );
     }
 }
+
+/// `--dialect VENDOR` puts the vendor's dialect in front of a plain upstream (a Python
+/// process): for each vendor, idemkey's client with the vendor's profile sees a repeat
+/// replayed (or GoCardless's conflict), a reused key with another body as key-reused
+/// (Orb's 409 as in progress), and a raw request without a key the vendor's status;
+/// each key runs upstream once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_speaks_each_vendors_dialect() {
+    use idemkey::IdempotencyKey;
+    use idemkey::client::{
+        Error, IdempotentClientBuilder, RequestBuilderExt, ResponseExt, VendorProfile,
+    };
+    use idemkey::protocol::dialect::{Dialect, Refusal};
+
+    let upstream = PythonVerifier::start_script("upstream.py", &[]).await;
+    for (n, dialect) in Dialect::all().into_iter().enumerate() {
+        let id = dialect.id();
+        let proxy = Proxy::start(&["--upstream", &upstream.url(""), "--dialect", id]);
+        let client = IdempotentClientBuilder::new(reqwest::Client::new())
+            .profile(VendorProfile::from_dialect(&dialect))
+            .max_retries(2)
+            .retry_after_cap(Duration::from_millis(1))
+            .build();
+        let key = IdempotencyKey::new(format!("order-{id}")).expect("valid");
+        let send = |amount: u32| {
+            client
+                .post(proxy.url("/v1/charges"))
+                .idempotency_key(key.clone())
+                .json(&serde_json::json!({ "amount": amount }))
+                .send()
+        };
+        let first = send(100).await.unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(first.status(), 200, "{id}");
+        match send(100).await {
+            Ok(again) => {
+                let info = again.idempotency().expect("keyed");
+                assert_eq!(info.replayed(), dialect.replay_header().is_some(), "{id}");
+            }
+            Err(e) => {
+                let err = Error::try_from_middleware(e).expect("ours");
+                assert!(
+                    dialect.refuses_replays() && err.is_already_executed(),
+                    "{id}: {err}"
+                );
+            }
+        }
+        let err =
+            Error::try_from_middleware(send(200).await.expect_err("another body")).expect("ours");
+        if dialect.recognition(Refusal::KeyReused).is_some() {
+            assert!(err.is_key_reused(), "{id}: {err}");
+        } else {
+            assert!(err.is_in_progress(), "{id}: {err}");
+        }
+        let raw = reqwest::Client::new()
+            .post(proxy.url("/v1/charges"))
+            .json(&serde_json::json!({ "amount": 1 }))
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(
+            Some(raw.status()),
+            dialect.status(Refusal::MissingKey),
+            "{id}"
+        );
+        assert_eq!(
+            upstream.executions().await,
+            n as u64 + 1,
+            "{id}: once per key"
+        );
+    }
+}

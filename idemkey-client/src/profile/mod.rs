@@ -10,6 +10,7 @@ use http::{HeaderName, StatusCode};
 use serde_json::Value;
 
 use idemkey_core::key::MAX_KEY_LEN;
+use idemkey_core::protocol::dialect::{Dialect, Recognition, Refusal};
 use idemkey_core::protocol::headers::{self, IDEMPOTENCY_KEY};
 use idemkey_core::protocol::{Problem, status};
 
@@ -54,17 +55,8 @@ pub struct VendorProfile {
     retention_documented: bool,
 }
 
-/// Where the key travels.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyPlacement {
-    /// In this request header (sent bare).
-    Header(HeaderName),
-    /// In this top-level field of the JSON request body (Square's `idempotency_key`). A
-    /// body that already has the field carries the caller's key; otherwise the client
-    /// adds the field, leaving the rest of the body's bytes as they are.
-    JsonBodyField(Cow<'static, str>),
-}
+#[doc(inline)]
+pub use idemkey_core::protocol::dialect::KeyPlacement;
 
 /// What an answer means, as a profile reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +164,18 @@ impl AnswerMatch {
         self
     }
 
+    /// The rule a dialect's [`Recognition`] describes.
+    fn recognising(recognition: &Recognition) -> Self {
+        let mut rule = Self::statuses(recognition.statuses());
+        if let Some(problem) = recognition.problem() {
+            rule = rule.problem(problem);
+        }
+        for &(pointer, value) in recognition.fields() {
+            rule = rule.json(pointer, value);
+        }
+        rule
+    }
+
     fn needs_body(&self) -> bool {
         !self.body.is_empty()
     }
@@ -269,6 +273,44 @@ impl VendorProfile {
             AnswerMatch::statuses([429]).problem(Problem::QuotaExceeded),
         ));
         self.order_rules()
+    }
+
+    /// The client side of `dialect`: its key placement and length limit, the retry
+    /// hints its SDKs read, its documented retention, and a rule for each answer a
+    /// client must tell apart (reused key, already executed, in progress), derived
+    /// from the answers the verifier gives in that dialect
+    /// ([`Dialect::recognition`]), so that the two halves cannot drift apart. The
+    /// vendor constructors ([`VendorProfile::stripe`], ...) are this over the
+    /// [`Dialect`] of the same name.
+    ///
+    /// ```
+    /// use idemkey::client::VendorProfile;
+    /// use idemkey::protocol::Dialect;
+    /// let profile = VendorProfile::from_dialect(&Dialect::paypal());
+    /// assert_eq!(profile.name(), "PayPal");
+    /// assert_eq!(profile.max_key_len(), 108);
+    /// ```
+    #[must_use]
+    pub fn from_dialect(dialect: &Dialect) -> Self {
+        let mut profile = Self::new(dialect.name())
+            .with_max_key_len(dialect.max_key_len())
+            .with_should_retry_headers(dialect.should_retry_headers().iter().cloned());
+        profile.key = dialect.key_placement().clone();
+        if let Some(retention) = dialect.retention() {
+            profile = profile.with_retention(retention);
+        }
+        for (refusal, class) in [
+            (Refusal::KeyReused, Class::KeyReused),
+            (Refusal::AlreadyExecuted, Class::AlreadyExecuted),
+            (Refusal::InProgress, Class::InProgress),
+        ] {
+            if let Some(recognition) = dialect.recognition(refusal) {
+                profile
+                    .rules
+                    .push((class, AnswerMatch::recognising(&recognition)));
+            }
+        }
+        profile.order_rules()
     }
 
     /// The key goes in this header (a [`KeyHeader`](idemkey_core::protocol::KeyHeader) or any
@@ -470,6 +512,55 @@ mod tests {
         );
         assert_eq!(p.classify(StatusCode::OK, None), Class::Other);
         assert!(!p.needs_body(StatusCode::OK));
+    }
+
+    /// The two halves cannot drift apart: each profile reads every answer the
+    /// verifier gives in its dialect as what it is, reading the body exactly when the
+    /// client would.
+    #[test]
+    fn every_profile_reads_every_answer_of_its_dialect() {
+        use idemkey_core::protocol::status::{is_never_retried, is_transient};
+        for dialect in Dialect::all() {
+            let profile = VendorProfile::from_dialect(&dialect);
+            for refusal in Refusal::ALL {
+                if dialect.status(refusal).is_none() {
+                    continue;
+                }
+                let reply =
+                    dialect.reply(refusal, "detail", Some(std::time::Duration::from_secs(1)));
+                let body = profile.needs_body(reply.status).then_some(&reply.body);
+                let class = profile.classify(reply.status, body);
+                let expected = match refusal {
+                    // Orb's 409 for a reused key is its in-progress answer.
+                    Refusal::KeyReused if dialect.recognition(refusal).is_none() => {
+                        Class::InProgress
+                    }
+                    Refusal::KeyReused => Class::KeyReused,
+                    Refusal::InProgress => Class::InProgress,
+                    Refusal::AlreadyExecuted => Class::AlreadyExecuted,
+                    Refusal::MissingKey | Refusal::InvalidKey => {
+                        assert!(
+                            is_never_retried(reply.status) || reply.status == 400,
+                            "{} {refusal}",
+                            dialect.id()
+                        );
+                        Class::Other
+                    }
+                    Refusal::StoreUnavailable => {
+                        assert!(is_transient(reply.status), "{} {refusal}", dialect.id());
+                        Class::Other
+                    }
+                };
+                assert_eq!(
+                    class,
+                    expected,
+                    "{}: {refusal} {} {}",
+                    dialect.id(),
+                    reply.status,
+                    reply.body
+                );
+            }
+        }
     }
 
     #[test]

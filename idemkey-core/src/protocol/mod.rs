@@ -1,4 +1,5 @@
 //! The wire protocol both halves speak, written once: header names ([`headers`]),
+//! vendor dialects ([`dialect`]),
 //! problem types ([`Problem`]), status and method classes ([`status`]) and `Retry-After`
 //! ([`retry_after`]).
 //!
@@ -7,10 +8,12 @@
 //!
 #![doc = include_str!("behaviour.md")]
 
+pub mod dialect;
 pub mod headers;
 pub mod problem;
 pub mod retry_after;
 pub mod status;
 
+pub use dialect::{Dialect, KeyPlacement};
 pub use headers::{KeyHeader, ReplayHeader};
 pub use problem::Problem;

@@ -29,9 +29,11 @@ use http::request::Parts;
 use super::rejection::Rejection;
 use crate::IdempotencyKey;
 
+mod dialect;
 mod header;
 mod source;
 
+pub(crate) use dialect::DialectKey;
 pub use header::{HeaderKey, HeaderScope};
 pub(crate) use source::Input;
 pub use source::{KeySource, ScopeSource};

@@ -9,13 +9,14 @@ use http::request::Parts;
 use http::{HeaderName, StatusCode};
 
 use crate::IdempotencyKey;
+use crate::body::ResponseBody;
 use crate::engine::Engine;
 use crate::extract::{ExtractKey, ExtractScope};
 use crate::fingerprint::Fingerprinter;
 use crate::policy::{InProgressPolicy, OutcomePolicy};
 use crate::rejection::Rejection;
-use idemkey_core::protocol::ReplayHeader;
 use idemkey_core::protocol::status::is_safe;
+use idemkey_core::protocol::{Dialect, ReplayHeader};
 
 /// Whether a request must carry a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,22 @@ impl KeyRequirement {
     }
 }
 
+impl Config {
+    /// The response to `rejection`: a gRPC status for a gRPC call, else in the layer's
+    /// dialect (the standard one: the problem document).
+    pub(super) fn answer(&self, rejection: Rejection, grpc: bool) -> http::Response<ResponseBody> {
+        if grpc {
+            return rejection.into_grpc_response();
+        }
+        let key_reused = rejection.is_key_reused();
+        let mut resp = rejection.into_dialect_response(&self.dialect);
+        if let (true, Some(status)) = (key_reused, self.key_reused_status) {
+            *resp.status_mut() = status;
+        }
+        resp
+    }
+}
+
 pub(super) type RequirementFn = dyn Fn(&Parts) -> KeyRequirement + Send + Sync;
 
 /// What every request through one layer shares.
@@ -59,8 +76,11 @@ pub(super) struct Config {
     pub(super) body_read_timeout: Option<Duration>,
     pub(super) stored_response_limit: usize,
     pub(super) deny: Vec<HeaderName>,
-    pub(super) key_reused_status: StatusCode,
-    pub(super) replay_header: ReplayHeader,
+    /// Overrides the dialect's status of `key-reused`.
+    pub(super) key_reused_status: Option<StatusCode>,
+    /// `None`: replays are not marked (the dialect's vendor marks none).
+    pub(super) replay_header: Option<ReplayHeader>,
+    pub(super) dialect: Dialect,
 }
 
 /// The default [`RequirementFn`]: keys required on unsafe methods; the layer steps

@@ -10,12 +10,12 @@ use tower_layer::Layer;
 use super::config::{Config, KeyRequirement, default_requirement};
 use super::service::Idempotency;
 use crate::engine::Engine;
-use crate::extract::{ExtractKey, ExtractScope, HeaderKey, Unscoped};
+use crate::extract::{DialectKey, ExtractKey, ExtractScope, HeaderKey, Unscoped};
 use crate::fingerprint::Fingerprinter;
 use crate::policy::{InProgressPolicy, OutcomePolicy, Quota};
 use idemkey_core::protocol::problem::KEY_REUSED_STRIPE_STATUS;
 use idemkey_core::protocol::status::is_safe;
-use idemkey_core::protocol::{Problem, ReplayHeader};
+use idemkey_core::protocol::{Dialect, ReplayHeader};
 
 /// Applies the verifier to a service: every keyed request runs at most once; retries get
 /// the stored response.
@@ -127,6 +127,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("deny", &self.cfg.deny)
             .field("key_reused_status", &self.cfg.key_reused_status)
             .field("replay_header", &self.cfg.replay_header)
+            .field("dialect", &self.cfg.dialect.id())
             .finish_non_exhaustive()
     }
 }
@@ -150,8 +151,9 @@ impl IdempotencyLayer {
                 body_read_timeout: None,
                 stored_response_limit: IdempotencyLayer::DEFAULT_STORED_RESPONSE_LIMIT,
                 deny: vec![header::SET_COOKIE],
-                key_reused_status: Problem::KeyReused.default_status(),
-                replay_header: ReplayHeader::default(),
+                key_reused_status: None,
+                replay_header: Some(ReplayHeader::default()),
+                dialect: Dialect::standard(),
             }),
         }
     }
@@ -348,17 +350,68 @@ impl IdempotencyLayer {
         self.with(|c| c.engine = c.engine.to_builder().quota(quota).build())
     }
 
-    /// The status of `key-reused` answers (default `422`).
+    /// The status of `key-reused` answers (default: the [dialect](Self::dialect)'s,
+    /// `422` in the standard one).
     #[must_use]
     pub fn key_reused_status(self, status: StatusCode) -> Self {
-        self.with(|c| c.key_reused_status = status)
+        self.with(|c| c.key_reused_status = Some(status))
     }
 
-    /// Stripe-compatible mode: a key reused with a different request gets `400`
-    /// instead of `422`.
+    /// A key reused with a different request gets `400` instead of `422`, as Stripe
+    /// answers it, still as this crate's `key-reused` problem document (which any
+    /// client profile reads). Short for `.key_reused_status(400)`; to answer in all of
+    /// Stripe's dialect (its error envelope, `Stripe-Should-Retry`), use
+    /// `.dialect(Dialect::stripe())` instead.
+    ///
+    /// ```
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new())).stripe_compatible();
+    /// # let _ = layer;
+    /// ```
     #[must_use]
     pub fn stripe_compatible(self) -> Self {
         self.key_reused_status(KEY_REUSED_STRIPE_STATUS)
+    }
+
+    /// Speak a vendor's dialect (default [`Dialect::standard`]): the key is read where
+    /// the vendor puts it (a header, or a field of the JSON body, which the layer
+    /// buffers anyway) and refused (`invalid-key`) beyond the vendor's length limit;
+    /// replays carry the vendor's marker, or none where it marks none; and a reused
+    /// key, a duplicate in progress, a missing or invalid key and an unavailable store
+    /// are answered with the vendor's status, error body and retry hints
+    /// ([`Dialect::reply`]). A dialect that refuses repeats of a completed request
+    /// (GoCardless) answers them with its conflict instead of the stored response.
+    /// Every other answer of the verifier stays a problem document, as the client's
+    /// profiles expect. gRPC calls are answered with gRPC statuses whatever the
+    /// dialect.
+    ///
+    /// The client's [`VendorProfile`](https://docs.rs/idemkey-client) of the same
+    /// vendor is built from the same [`Dialect`], so the two halves agree. Setters
+    /// called after this one ([`key`](Self::key), [`key_header`](Self::key_header),
+    /// [`replay_header`](Self::replay_header),
+    /// [`key_reused_status`](Self::key_reused_status)) override what it set.
+    ///
+    /// ```
+    /// use idemkey::protocol::Dialect;
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .dialect(Dialect::square());
+    /// assert_eq!(layer.dialect_in_use().id(), "square");
+    /// ```
+    #[must_use]
+    pub fn dialect(self, dialect: Dialect) -> Self {
+        self.key(DialectKey::new(&dialect)).with(|c| {
+            c.replay_header = dialect.replay_header();
+            c.dialect = dialect;
+        })
+    }
+
+    /// The dialect this layer answers in.
+    #[must_use]
+    pub fn dialect_in_use(&self) -> &Dialect {
+        &self.cfg.dialect
     }
 
     /// The header replayed responses are marked with: `Idempotent-Replayed: true` (the
@@ -376,7 +429,7 @@ impl IdempotencyLayer {
     /// ```
     #[must_use]
     pub fn replay_header(self, header: ReplayHeader) -> Self {
-        self.with(|c| c.replay_header = header)
+        self.with(|c| c.replay_header = Some(header))
     }
 
     /// The engine this layer runs on.

@@ -178,22 +178,34 @@ where
                 // outcome is recorded.
                 DetachOnDrop::new(execute(cfg, inner, req, exec, grpc)).await
             }
+            Ok(Claimed::Replay(payload)) if cfg.dialect.refuses_replays() && !grpc => {
+                Ok(stored_response::refuse_replay(payload, &cfg.dialect)
+                    .unwrap_or_else(|r| cfg.answer(r, grpc)))
+            }
             Ok(Claimed::Replay(payload)) => {
                 Ok(
                     stored_response::replay(payload, cfg.stored_response_limit, cfg.replay_header)
-                        .unwrap_or_else(|r| r.answer(grpc)),
+                        .unwrap_or_else(|r| cfg.answer(r, grpc)),
                 )
             }
             Ok(Claimed::Unguarded) => Ok(inner.call(req).await?.map(ResponseBody::wrap)),
             Ok(Claimed::InProgress { retry_after }) => {
-                Ok(Rejection::in_progress(retry_after).answer(grpc))
+                Ok(cfg.answer(Rejection::in_progress(retry_after), grpc))
             }
-            Ok(Claimed::KeyReused) => Ok(Rejection::key_reused(cfg.key_reused_status).answer(grpc)),
+            Ok(Claimed::KeyReused) => Ok(cfg.answer(
+                Rejection::key_reused(
+                    cfg.key_reused_status
+                        .unwrap_or(idemkey_core::protocol::Problem::KeyReused.default_status()),
+                ),
+                grpc,
+            )),
             Ok(Claimed::QuotaExceeded { retry_after }) => {
-                Ok(Rejection::quota_exceeded(retry_after).answer(grpc))
+                Ok(cfg.answer(Rejection::quota_exceeded(retry_after), grpc))
             }
-            Err(e) if e.is_store_full() => Ok(Rejection::store_full(e.retry_after()).answer(grpc)),
-            Err(e) => Ok(Rejection::store_unavailable(e.retry_after()).answer(grpc)),
+            Err(e) if e.is_store_full() => {
+                Ok(cfg.answer(Rejection::store_full(e.retry_after()), grpc))
+            }
+            Err(e) => Ok(cfg.answer(Rejection::store_unavailable(e.retry_after()), grpc)),
         }
     }
 }
@@ -201,7 +213,7 @@ where
 /// The answer to a request refused before any claim.
 fn rejected(cfg: &Config, rejection: Rejection, grpc: bool) -> Response<ResponseBody> {
     Decision::Rejected.record(cfg.engine.metrics());
-    rejection.answer(grpc)
+    cfg.answer(rejection, grpc)
 }
 
 /// What the head alone told of a request's key and scope: filled in when their
@@ -362,7 +374,7 @@ where
                 }
                 Prefetch::Failed(e) => (
                     Either::Right(tee.fail()),
-                    Rejection::response_failed(e).answer(grpc_call),
+                    cfg.answer(Rejection::response_failed(e), grpc_call),
                 ),
                 Prefetch::Stream => {
                     tee.stream(&parts);
