@@ -67,8 +67,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use charge_connection::ChargeConnection;
-use own_database::with_database;
 use idemkey::store::{Store, SweepOptions};
+use own_database::with_database;
 use sqlx::Row;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
