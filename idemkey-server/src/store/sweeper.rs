@@ -206,7 +206,9 @@ pub(crate) struct Batch {
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl Batch {
     /// A batch of at most `limit` records that removed `removed`: more may be left when
-    /// it removed a full batch.
+    /// it removed a full batch. (PostgreSQL's batches say themselves whether more is
+    /// left: they also date rows of the layout before `sweep_at`.)
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
     pub(crate) fn removed(removed: u64, limit: u32) -> Self {
         Self {
             removed,
