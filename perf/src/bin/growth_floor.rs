@@ -42,12 +42,15 @@
 
 #[path = "../own_database.rs"]
 mod own_database;
+#[path = "../rounds.rs"]
+mod rounds;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use own_database::with_database;
+use rounds::{Figures, medians};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 const USAGE: &str = "usage: growth_floor --store mysql|sqlite [--records N] [--expired M]
@@ -512,25 +515,6 @@ async fn sweep_pass(db: &Db) -> Result<(u64, Duration), String> {
 
 // ---- the rounds ------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy)]
-struct Figures {
-    rate: f64,
-    p50_us: f64,
-    p99_us: f64,
-}
-
-impl std::fmt::Display for Figures {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
-            self.rate,
-            self.p50_us / 1000.0,
-            self.p99_us / 1000.0
-        )
-    }
-}
-
 /// Floor requests from `connections` tasks until `until` is done.
 async fn round(
     db: &Db,
@@ -552,41 +536,7 @@ async fn round(
             Ok::<_, String>(latencies)
         }));
     }
-    let started = Instant::now();
-    until.await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.map_err(|e| e.to_string())??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .map_or(0.0, |&us| f64::from(us))
-    };
-    Ok(Figures {
-        rate: all.len() as f64 / elapsed,
-        p50_us: at(0.50),
-        p99_us: at(0.99),
-    })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn medians(rounds: &[Figures]) -> Figures {
-    Figures {
-        rate: median(rounds.iter().map(|f| f.rate).collect()),
-        p50_us: median(rounds.iter().map(|f| f.p50_us).collect()),
-        p99_us: median(rounds.iter().map(|f| f.p99_us).collect()),
-    }
+    rounds::finish(tasks, &stop, until).await
 }
 
 // ---- the run ---------------------------------------------------------------------------
