@@ -59,6 +59,8 @@ mod charge_connection;
 mod own_database;
 #[path = "../rounds.rs"]
 mod rounds;
+#[path = "../table_storage.rs"]
+mod table_storage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -611,16 +613,8 @@ async fn maintain(db: &Db) -> Result<(), String> {
             .await
             .map(drop)
             .map_err(sql_err("VACUUM ANALYZE")),
-        Db::My(pool) => sqlx::raw_sql("ANALYZE TABLE idemkey_records")
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(sql_err("ANALYZE TABLE")),
-        Db::Lite(pool) => sqlx::raw_sql("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(sql_err("ANALYZE")),
+        Db::My(pool) => table_storage::analyze_mysql(pool).await,
+        Db::Lite(pool) => table_storage::analyze_sqlite(pool).await,
     }
 }
 
@@ -634,29 +628,8 @@ async fn storage(db: &Db) -> Result<(u64, u64), String> {
         .fetch_one(pool)
         .await
         .map_err(err)?,
-        Db::My(pool) => {
-            let bytes: i64 = sqlx::query_scalar(
-                "SELECT CAST(DATA_LENGTH + INDEX_LENGTH AS SIGNED) FROM information_schema.TABLES
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idemkey_records'",
-            )
-            .fetch_one(pool)
-            .await
-            .map_err(&err)?;
-            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idemkey_records")
-                .fetch_one(pool)
-                .await
-                .map_err(&err)?;
-            (bytes, rows)
-        }
-        Db::Lite(pool) => sqlx::query_as(
-            "SELECT ((SELECT page_count FROM pragma_page_count())
-                   - (SELECT freelist_count FROM pragma_freelist_count()))
-                  * (SELECT page_size FROM pragma_page_size()),
-                (SELECT count(*) FROM idemkey_records)",
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(err)?,
+        Db::My(pool) => table_storage::storage_mysql(pool).await?,
+        Db::Lite(pool) => table_storage::storage_sqlite(pool).await?,
     };
     Ok((
         u64::try_from(bytes).unwrap_or(0),

@@ -44,6 +44,8 @@
 mod own_database;
 #[path = "../rounds.rs"]
 mod rounds;
+#[path = "../table_storage.rs"]
+mod table_storage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -349,44 +351,19 @@ async fn fill_many(
     Ok(())
 }
 
-/// `ANALYZE` (and on SQLite a checkpoint, so that the WAL is folded into the file).
+/// `ANALYZE` (and on SQLite a checkpoint).
 async fn maintain(db: &Db) -> Result<(), String> {
     match db {
-        Db::My(pool) => sqlx::raw_sql("ANALYZE TABLE idemkey_records")
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(sql_err("ANALYZE TABLE")),
-        Db::Lite(pool) => sqlx::raw_sql("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(sql_err("ANALYZE")),
+        Db::My(pool) => table_storage::analyze_mysql(pool).await,
+        Db::Lite(pool) => table_storage::analyze_sqlite(pool).await,
     }
 }
 
 /// The table's storage in bytes and its rows, after [`maintain`].
 async fn storage(db: &Db) -> Result<(f64, i64), String> {
-    let err = sql_err("reading the storage");
-    let (bytes, rows): (i64, i64) = match db {
-        Db::My(pool) => sqlx::query_as(
-            "SELECT CAST(DATA_LENGTH + INDEX_LENGTH AS SIGNED),
-                (SELECT count(*) FROM idemkey_records)
-             FROM information_schema.TABLES
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idemkey_records'",
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(err)?,
-        Db::Lite(pool) => sqlx::query_as(
-            "SELECT ((SELECT page_count FROM pragma_page_count())
-                   - (SELECT freelist_count FROM pragma_freelist_count()))
-                  * (SELECT page_size FROM pragma_page_size()),
-                (SELECT count(*) FROM idemkey_records)",
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(err)?,
+    let (bytes, rows) = match db {
+        Db::My(pool) => table_storage::storage_mysql(pool).await?,
+        Db::Lite(pool) => table_storage::storage_sqlite(pool).await?,
     };
     Ok((bytes as f64, rows))
 }
