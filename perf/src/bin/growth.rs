@@ -57,6 +57,10 @@
 mod charge_connection;
 #[path = "../own_database.rs"]
 mod own_database;
+#[path = "../rounds.rs"]
+mod rounds;
+#[path = "../table_storage.rs"]
+mod table_storage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -69,6 +73,7 @@ use bytes::Bytes;
 use charge_connection::ChargeConnection;
 use idemkey::store::{Store, SweepOptions};
 use own_database::with_database;
+use rounds::{Figures, median, medians};
 use sqlx::Row;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -608,16 +613,8 @@ async fn maintain(db: &Db) -> Result<(), String> {
             .await
             .map(drop)
             .map_err(sql_err("VACUUM ANALYZE")),
-        Db::My(pool) => sqlx::raw_sql("ANALYZE TABLE idemkey_records")
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(sql_err("ANALYZE TABLE")),
-        Db::Lite(pool) => sqlx::raw_sql("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);")
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(sql_err("ANALYZE")),
+        Db::My(pool) => table_storage::analyze_mysql(pool).await,
+        Db::Lite(pool) => table_storage::analyze_sqlite(pool).await,
     }
 }
 
@@ -631,29 +628,8 @@ async fn storage(db: &Db) -> Result<(u64, u64), String> {
         .fetch_one(pool)
         .await
         .map_err(err)?,
-        Db::My(pool) => {
-            let bytes: i64 = sqlx::query_scalar(
-                "SELECT CAST(DATA_LENGTH + INDEX_LENGTH AS SIGNED) FROM information_schema.TABLES
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idemkey_records'",
-            )
-            .fetch_one(pool)
-            .await
-            .map_err(&err)?;
-            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idemkey_records")
-                .fetch_one(pool)
-                .await
-                .map_err(&err)?;
-            (bytes, rows)
-        }
-        Db::Lite(pool) => sqlx::query_as(
-            "SELECT ((SELECT page_count FROM pragma_page_count())
-                   - (SELECT freelist_count FROM pragma_freelist_count()))
-                  * (SELECT page_size FROM pragma_page_size()),
-                (SELECT count(*) FROM idemkey_records)",
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(err)?,
+        Db::My(pool) => table_storage::storage_mysql(pool).await?,
+        Db::Lite(pool) => table_storage::storage_sqlite(pool).await?,
     };
     Ok((
         u64::try_from(bytes).unwrap_or(0),
@@ -703,26 +679,6 @@ async fn start_server(
 
 // ---- the load -------------------------------------------------------------------------
 
-/// One round's figures.
-#[derive(Debug, Clone, Copy)]
-struct Figures {
-    rate: f64,
-    p50_us: f64,
-    p99_us: f64,
-}
-
-impl std::fmt::Display for Figures {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
-            self.rate,
-            self.p50_us / 1000.0,
-            self.p99_us / 1000.0
-        )
-    }
-}
-
 /// Fresh keys over `connections` connections to `addr` until `until` is done: the rate
 /// and the latencies of the requests answered.
 async fn round(
@@ -753,42 +709,7 @@ async fn round(
             Ok::<_, String>(latencies)
         }));
     }
-    let started = Instant::now();
-    until.await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.map_err(|e| e.to_string())??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .map_or(0.0, |&us| f64::from(us))
-    };
-    Ok(Figures {
-        rate: all.len() as f64 / elapsed,
-        p50_us: at(0.50),
-        p99_us: at(0.99),
-    })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// The medians of the rounds' figures.
-fn medians(rounds: &[Figures]) -> Figures {
-    Figures {
-        rate: median(rounds.iter().map(|f| f.rate).collect()),
-        p50_us: median(rounds.iter().map(|f| f.p50_us).collect()),
-        p99_us: median(rounds.iter().map(|f| f.p99_us).collect()),
-    }
+    rounds::finish(tasks, &stop, until).await
 }
 
 fn verdict(ok: bool) -> &'static str {
