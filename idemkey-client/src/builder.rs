@@ -200,6 +200,24 @@ impl IdempotentClientBuilder {
         self
     }
 
+    /// The level of the client's spans: `idemkey.call` at `level` (DEBUG by default),
+    /// each `idemkey.attempt` one level below (see
+    /// [`RetryMiddleware::span_level`](super::RetryMiddleware::span_level)).
+    ///
+    /// ```
+    /// use idemkey::client::IdempotentClientBuilder;
+    ///
+    /// let client = IdempotentClientBuilder::new(reqwest::Client::new())
+    ///     .span_level(tracing::Level::INFO)
+    ///     .build();
+    /// # let _ = client;
+    /// ```
+    #[must_use]
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.retry = self.retry.span_level(level);
+        self
+    }
+
     /// Adds a middleware that runs once per logical request, outside the key and retry
     /// middlewares (logging, tracing spans, auth that must not change between attempts).
     #[must_use]

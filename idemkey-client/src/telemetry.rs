@@ -93,13 +93,14 @@ impl ClientMetrics {
 /// The `outcome` of a call that was answered (any status).
 const RESPONSE: &str = "response";
 
-/// The span of one logical call. Its fields are formatted only when a subscriber wants
-/// the span (the URL is copied, without its query, only then).
-pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
-    if !observable(Level::INFO) {
+/// The span of one logical call, at `level`. Its fields are formatted only when a
+/// subscriber wants the span (the URL is copied, without its query, only then).
+pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>, level: Level) -> Span {
+    if !observable(level) {
         return Span::none();
     }
-    let span = tracing::info_span!(
+    let span = idemkey_core::span_at!(
+        level,
         target: "idemkey::client",
         "idemkey.call",
         http.request.method = req.method().as_str(),
@@ -122,12 +123,19 @@ pub(super) fn call_span(req: &Request, key: Option<&IdempotencyKey>) -> Span {
     span
 }
 
-/// The span of attempt number `attempt` (1 for the first), with the wait before it.
-pub(super) fn attempt_span(attempt: u32, waited: Option<(Duration, WaitReason)>) -> Span {
-    if !observable(Level::DEBUG) {
+/// The span of attempt number `attempt` (1 for the first), with the wait before it: one
+/// level below its call's span at `call_level` ([`attempt_level`]).
+pub(super) fn attempt_span(
+    attempt: u32,
+    waited: Option<(Duration, WaitReason)>,
+    call_level: Level,
+) -> Span {
+    let level = attempt_level(call_level);
+    if !observable(level) {
         return Span::none();
     }
-    tracing::debug_span!(
+    idemkey_core::span_at!(
+        level,
         target: "idemkey::client",
         "idemkey.attempt",
         http.request.resend_count = attempt.saturating_sub(1),
@@ -136,6 +144,17 @@ pub(super) fn attempt_span(attempt: u32, waited: Option<(Duration, WaitReason)>)
         http.response.status_code = Empty,
         error.type = Empty,
     )
+}
+
+/// The level of an attempt's span under a call's span at `call_level`: one level more
+/// verbose, TRACE at the most.
+pub(crate) fn attempt_level(call_level: Level) -> Level {
+    match call_level {
+        Level::ERROR => Level::WARN,
+        Level::WARN => Level::INFO,
+        Level::INFO => Level::DEBUG,
+        Level::DEBUG | Level::TRACE => Level::TRACE,
+    }
 }
 
 /// Records how an attempt was answered on its span.
@@ -168,14 +187,16 @@ pub(super) fn retry_wait(metrics: &ClientMetrics, reason: WaitReason, wait: Dura
         .record(wait.as_secs_f64());
 }
 
-/// Records how the call ended, on the current span (the call's) and in `metrics`.
+/// Records how the call ended, on the current span (the call's, at `level`) and in
+/// `metrics`.
 pub(super) fn call_ended(
     metrics: &ClientMetrics,
     result: &reqwest_middleware::Result<Response>,
     attempts: u32,
+    level: Level,
 ) {
     // Nothing to record into: no metric handles (without the feature) and no span.
-    if !cfg!(feature = "metrics") && !observable(Level::INFO) {
+    if !cfg!(feature = "metrics") && !observable(level) {
         return;
     }
     let (outcome, replayed) = match result {
@@ -184,7 +205,7 @@ pub(super) fn call_ended(
     };
     metrics.call(outcome, replayed, attempts);
     // The current span is the call's (`call_span`), which nothing sees when this is false.
-    if !observable(Level::INFO) {
+    if !observable(level) {
         return;
     }
     let span = Span::current();

@@ -26,7 +26,7 @@ use crate::store::{
     ChargedClaim, Claim, ClaimRequest, FencingToken, QuotaCharge, RecordId, RecordInfo, Store,
     StoreError, Watch,
 };
-use idemkey_core::telemetry::{self, Stopwatch, in_span, observable};
+use idemkey_core::telemetry::{self, Stopwatch, any_span_observable, in_span, observable};
 
 /// What the verifier decided for a request: the `idemkey.decision` field of its span
 /// and the `decision` label of `idemkey_server_requests_total`.
@@ -110,11 +110,11 @@ impl Decision {
     }
 
     /// Records the decision: on the current span (the request's, where the layer opened
-    /// one, which it does only when something can see it) and in the requests counter
-    /// of `metrics`.
+    /// one, which it does only when something can see it; or the caller's, at whatever
+    /// level) and in the requests counter of `metrics`.
     pub(crate) fn record(self, metrics: &ServerMetrics) {
         metrics.request(self);
-        if observable(Level::INFO) {
+        if any_span_observable() {
             Span::current().record("idemkey.decision", self.as_str());
         }
     }
@@ -312,18 +312,20 @@ impl ServerMetrics {
 /// Records the record id on the current span (formatted only if a subscriber wants it;
 /// the current span is not even looked up when nothing can see a span).
 pub(crate) fn record_id(id: &RecordId) {
-    if observable(Level::INFO) {
+    if any_span_observable() {
         Span::current().record("idemkey.record_id", tracing::field::display(id));
     }
 }
 
-/// The span of one request through the layer: [`Span::none`] when nothing can see it
-/// (no subscriber whose level filter admits it, no logger).
-pub(crate) fn request_span(method: &Method) -> Span {
-    if !observable(Level::INFO) {
+/// The span of one request through the layer, at `level`
+/// ([`IdempotencyLayer::span_level`](crate::IdempotencyLayer::span_level)): [`Span::none`]
+/// when nothing can see it (no subscriber whose level filter admits it, no logger).
+pub(crate) fn request_span(method: &Method, level: Level) -> Span {
+    if !observable(level) {
         return Span::none();
     }
-    tracing::info_span!(
+    idemkey_core::span_at!(
+        level,
         target: "idemkey::server",
         "idemkey.request",
         http.request.method = method.as_str(),
@@ -360,6 +362,10 @@ pub(crate) fn handler_started() -> Option<Stopwatch> {
     telemetry::METRICS.then(Stopwatch::start)
 }
 
+/// The level of the `idemkey.store` spans: below the request span's default (DEBUG), as
+/// a request's detail (two store operations per fresh request).
+const STORE_SPAN_LEVEL: Level = Level::TRACE;
+
 /// The store an engine is built with, and the same store observed ([`ObservedStore`]),
 /// chosen per operation ([`EngineStore::get`]): observed with the `metrics` feature or
 /// when something can see a store span, else the store itself, so an operation nobody
@@ -378,7 +384,7 @@ impl EngineStore {
 
     /// Whether store operations are observed now.
     fn observed() -> bool {
-        telemetry::METRICS || observable(Level::DEBUG)
+        telemetry::METRICS || observable(STORE_SPAN_LEVEL)
     }
 
     /// The store to run one operation on.
@@ -460,9 +466,10 @@ impl ObservedStore {
         operation: Operation,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let span = if observable(Level::DEBUG) {
-            tracing::debug_span!(
+        let span = if observable(STORE_SPAN_LEVEL) {
+            tracing::span!(
                 target: "idemkey::store",
+                STORE_SPAN_LEVEL,
                 "idemkey.store",
                 idemkey.store.kind = self.inner().kind(),
                 idemkey.store.operation = operation.as_str(),

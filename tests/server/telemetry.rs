@@ -16,8 +16,10 @@ use idemkey::fingerprint::Fingerprint;
 use idemkey::server::{Claimed, Engine, IdempotencyLayer};
 use idemkey::store::{MemoryStore, RecordId};
 use support::apps::{ChargeApp, charge};
-use support::telemetry::{Metrics, capture_spans};
+use support::telemetry::{Metrics, capture_spans, capture_spans_up_to};
 use support::verifier::{http, post_json};
+use tracing::Level;
+use tracing::level_filters::LevelFilter;
 
 const REQUESTS: &str = "idemkey_server_requests_total";
 
@@ -78,6 +80,7 @@ async fn a_replay_is_counted_and_its_span_names_the_record_never_the_key() {
     assert_eq!(requests.len(), 2, "one span per request: {requests:?}");
     let id = RecordId::new("", key).to_hex();
     for (span, decision) in requests.iter().zip(["fresh", "replay"]) {
+        assert_eq!(span.level, "DEBUG", "the default level, as tower-http's");
         assert_eq!(span.field("http.request.method"), "POST");
         assert_eq!(span.field("idemkey.decision"), decision);
         assert_eq!(span.field("idemkey.record_id"), id);
@@ -90,6 +93,7 @@ async fn a_replay_is_counted_and_its_span_names_the_record_never_the_key() {
         .collect();
     assert_eq!(ops, ["claim", "complete", "claim"]);
     for span in &store_spans {
+        assert_eq!(span.level, "TRACE", "below the request's span");
         assert_eq!(span.parent.as_deref(), Some("idemkey.request"), "{span:?}");
         assert_eq!(span.field("idemkey.store.kind"), "memory");
         assert!(
@@ -104,6 +108,82 @@ async fn a_replay_is_counted_and_its_span_names_the_record_never_the_key() {
             assert!(!value.contains(key), "the raw key leaked into {span:?}");
         }
     }
+}
+
+/// A service logging at INFO sees no request span at the default level (DEBUG) while
+/// the verifier still decides and counts; the level set on the layer is the one used,
+/// and the decision is recorded on a span of any level the filter admits.
+#[tokio::test]
+async fn the_request_span_is_made_at_the_level_set_on_the_layer() {
+    let metrics = Metrics::capture();
+    let app = ChargeApp::new();
+    let engine = Engine::new(MemoryStore::new());
+    let at = |level| {
+        let app = app.clone();
+        let layer = IdempotencyLayer::new(engine.clone());
+        async move {
+            let layer = match level {
+                Some(level) => layer.span_level(level),
+                None => layer,
+            };
+            support::serve(app.router(layer)).await
+        }
+    };
+
+    let (spans, guard) = capture_spans_up_to(LevelFilter::INFO);
+    let default = at(None).await;
+    assert_eq!(
+        charge(&http(), default.addr(), "level-default")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        charge(&http(), default.addr(), "level-default")
+            .await
+            .status,
+        200
+    );
+    assert!(
+        spans.all().is_empty(),
+        "an INFO filter sees no span at the default level: {:?}",
+        spans.all()
+    );
+    let m = metrics.snapshot();
+    assert_eq!(m.counter(REQUESTS, &[("decision", "fresh")]), 1);
+    assert_eq!(m.counter(REQUESTS, &[("decision", "replay")]), 1);
+
+    let info = at(Some(Level::INFO)).await;
+    assert_eq!(charge(&http(), info.addr(), "level-info").await.status, 200);
+    let requests = spans.named("idemkey.request");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].level, "INFO");
+    assert_eq!(requests[0].field("idemkey.decision"), "fresh");
+    assert_eq!(
+        requests[0].field("idemkey.record_id"),
+        RecordId::new("", "level-info").to_hex()
+    );
+    assert_eq!(requests[0].field("http.response.status_code"), "200");
+    assert!(
+        spans.named("idemkey.store").is_empty(),
+        "the store spans stay at TRACE"
+    );
+    drop(guard);
+
+    // A span at WARN under a WARN filter still gets its decision and record.
+    let (spans, _guard) = capture_spans_up_to(LevelFilter::WARN);
+    let warn = at(Some(Level::WARN)).await;
+    assert_eq!(charge(&http(), warn.addr(), "level-warn").await.status, 200);
+    assert_eq!(charge(&http(), warn.addr(), "level-warn").await.status, 200);
+    let requests = spans.named("idemkey.request");
+    assert_eq!(
+        requests
+            .iter()
+            .map(|s| (s.level.as_str(), s.field("idemkey.decision")))
+            .collect::<Vec<_>>(),
+        [("WARN", "fresh"), ("WARN", "replay")]
+    );
+    assert_eq!(app.executions().count(), 3, "one run per key");
 }
 
 #[tokio::test]
@@ -396,6 +476,7 @@ async fn a_client_call_has_a_span_with_one_child_per_attempt_and_is_counted() {
     let calls = spans.named("idemkey.call");
     assert_eq!(calls.len(), 1, "{calls:?}");
     let call = &calls[0];
+    assert_eq!(call.level, "DEBUG", "the default level, as tower-http's");
     assert_eq!(call.field("http.request.method"), "POST");
     assert_eq!(
         call.field("url.full"),
@@ -418,7 +499,7 @@ async fn a_client_call_has_a_span_with_one_child_per_attempt_and_is_counted() {
     assert!(
         attempts
             .iter()
-            .all(|a| a.parent.as_deref() == Some("idemkey.call"))
+            .all(|a| a.parent.as_deref() == Some("idemkey.call") && a.level == "TRACE")
     );
 
     let m = metrics.snapshot();
@@ -432,6 +513,39 @@ async fn a_client_call_has_a_span_with_one_child_per_attempt_and_is_counted() {
         ),
         [0.0]
     );
+}
+
+/// A program logging at INFO sees no client span at the default level; with the call
+/// span set to INFO it sees the call, recorded, and not its attempts (one level below).
+#[tokio::test]
+async fn the_call_span_is_made_at_the_level_set_on_the_client() {
+    let (spans, _guard) = capture_spans_up_to(LevelFilter::INFO);
+    let (server, seen) = flaky(1).await;
+    let send = async |client: reqwest_middleware::ClientWithMiddleware, key: &str| {
+        let resp = client
+            .post(server.url("/pay"))
+            .header("idempotency-key", key)
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(resp.status(), StatusCode::OK);
+    };
+    send(support::client::builder(3).build(), "client-level-default").await;
+    assert!(spans.all().is_empty(), "{:?}", spans.all());
+
+    let info = support::client::builder(3).span_level(Level::INFO).build();
+    send(info, "client-level-info").await;
+    let calls = spans.named("idemkey.call");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].level, "INFO");
+    assert_eq!(calls[0].field("idemkey.attempts"), "1");
+    assert_eq!(calls[0].field("idemkey.outcome"), "response");
+    assert_eq!(calls[0].field("http.response.status_code"), "200");
+    assert!(
+        spans.named("idemkey.attempt").is_empty(),
+        "attempts at DEBUG"
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), 3, "a retry, then one attempt");
 }
 
 /// A client's handles are per label value: a replayed answer is counted apart from a

@@ -13,10 +13,12 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-/// One captured span: its name, its fields as text, and its parent's name.
+/// One captured span: its name, its level, its fields as text, and its parent's name.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CapturedSpan {
     pub(crate) name: String,
+    /// `TRACE`, `DEBUG`, `INFO`, `WARN` or `ERROR`.
+    pub(crate) level: String,
     pub(crate) parent: Option<String>,
     pub(crate) fields: BTreeMap<String, String>,
 }
@@ -88,6 +90,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let mut span = CapturedSpan {
             name: attrs.metadata().name().to_owned(),
+            level: attrs.metadata().level().to_string(),
             ..CapturedSpan::default()
         };
         attrs.record(&mut Fields(&mut span.fields));
@@ -111,8 +114,20 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
 
 /// Captures every span (all levels) on this thread until the guard drops.
 pub(crate) fn capture_spans() -> (Spans, tracing::subscriber::DefaultGuard) {
+    capture_spans_up_to(tracing::level_filters::LevelFilter::TRACE)
+}
+
+/// Captures the spans `filter` admits on this thread until the guard drops: a
+/// subscriber whose level filter is `filter`, as `RUST_LOG=info` makes one for
+/// `LevelFilter::INFO` (its level is the subscriber's hint, which the crate consults
+/// before building a span).
+pub(crate) fn capture_spans_up_to(
+    filter: tracing::level_filters::LevelFilter,
+) -> (Spans, tracing::subscriber::DefaultGuard) {
     let spans = Spans::default();
-    let subscriber = tracing_subscriber::registry().with(spans.clone());
+    let subscriber = tracing_subscriber::registry()
+        .with(filter)
+        .with(spans.clone());
     let guard = tracing::subscriber::set_default(subscriber);
     (spans, guard)
 }

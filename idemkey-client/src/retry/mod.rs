@@ -90,6 +90,8 @@ pub struct RetryMiddleware {
     budget: Option<RetryBudget>,
     flights: Option<Arc<Flights>>,
     metrics: Arc<telemetry::ClientMetrics>,
+    /// The level of the `idemkey.call` span (the attempts' is one below).
+    span_level: tracing::Level,
 }
 
 impl std::fmt::Debug for RetryMiddleware {
@@ -102,6 +104,7 @@ impl std::fmt::Debug for RetryMiddleware {
             .field("deadline", &self.deadline)
             .field("budget", &self.budget)
             .field("single_flight", &self.flights.is_some())
+            .field("span_level", &self.span_level)
             .finish_non_exhaustive()
     }
 }
@@ -119,6 +122,7 @@ impl Default for RetryMiddleware {
             budget: Some(RetryBudget::standard()),
             flights: Some(Arc::default()),
             metrics: Arc::default(),
+            span_level: tracing::Level::DEBUG,
         }
     }
 }
@@ -234,6 +238,20 @@ impl RetryMiddleware {
     #[must_use]
     pub fn single_flight(mut self, on: bool) -> Self {
         self.flights = on.then(Arc::default);
+        self
+    }
+
+    /// The level of the `idemkey.call` span of each logical call: [`Level::DEBUG`] by
+    /// default, as tower-http's `TraceLayer` makes its spans, so a program logging at
+    /// INFO builds no span per call. Each attempt's `idemkey.attempt` span is one level
+    /// below (TRACE by default; DEBUG when the call's is INFO; TRACE under a TRACE
+    /// call), so that `RUST_LOG` set one level finer than the call's shows the attempts
+    /// as well. The spans and their fields are listed in [`idemkey_core::telemetry`].
+    ///
+    /// [`Level::DEBUG`]: tracing::Level::DEBUG
+    #[must_use]
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.span_level = level;
         self
     }
 
@@ -367,7 +385,7 @@ impl RetryMiddleware {
                         resend.next(self.keys.header_name().zip(key.as_ref()))
                     }
                 };
-                let span = telemetry::attempt_span(attempt, waited);
+                let span = telemetry::attempt_span(attempt, waited, self.span_level);
                 let run = telemetry::in_span(next.clone().run(this, ext), &span);
                 // The attempt ends at its own timeout or at the deadline, whichever is first.
                 // The first attempt starts when the call did (no second clock read).
@@ -437,7 +455,7 @@ impl RetryMiddleware {
                 budget.succeeded(spent);
             }
             let result = outcome::finish(key, attempt, last, self.deadline, sent);
-            telemetry::call_ended(&self.metrics, &result, attempt);
+            telemetry::call_ended(&self.metrics, &result, attempt, self.span_level);
             result
         }
     }
@@ -487,7 +505,7 @@ impl Middleware for RetryMiddleware {
         // A deadline too far away to represent (`Duration::MAX`) is no deadline.
         let now = Instant::now();
         let deadline = self.deadline.and_then(|d| now.checked_add(d));
-        let span = telemetry::call_span(request.request(), key.as_ref());
+        let span = telemetry::call_span(request.request(), key.as_ref(), self.span_level);
         match (&self.flights, key) {
             (Some(flights), Some(key)) if !random => {
                 self.shared(flights, request, ext, next, key, deadline, span)

@@ -92,6 +92,43 @@ pub fn observable(level: Level) -> bool {
     traced || logged
 }
 
+/// A span at `level`, a value known only at run time. A `tracing` callsite has one
+/// level, fixed when it is compiled, so this expands to one callsite per level and
+/// picks the one asked for (tower-http's `DefaultMakeSpan` does the same). Takes what
+/// `tracing::span!` takes after the level: `span_at!(level, target: "...",
+/// "name", field = value, ...)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! span_at {
+    ($level:expr, target: $target:expr, $($rest:tt)+) => {
+        match $level {
+            ::tracing::Level::ERROR => {
+                ::tracing::span!(target: $target, ::tracing::Level::ERROR, $($rest)+)
+            }
+            ::tracing::Level::WARN => {
+                ::tracing::span!(target: $target, ::tracing::Level::WARN, $($rest)+)
+            }
+            ::tracing::Level::INFO => {
+                ::tracing::span!(target: $target, ::tracing::Level::INFO, $($rest)+)
+            }
+            ::tracing::Level::DEBUG => {
+                ::tracing::span!(target: $target, ::tracing::Level::DEBUG, $($rest)+)
+            }
+            ::tracing::Level::TRACE => {
+                ::tracing::span!(target: $target, ::tracing::Level::TRACE, $($rest)+)
+            }
+        }
+    };
+}
+
+/// Whether anything could see a span of any level ([`observable`] at the most visible
+/// level): the test before recording a field on the current span, which may be one of
+/// this crate's at its configured level or one of the caller's at any level.
+#[doc(hidden)]
+pub fn any_span_observable() -> bool {
+    observable(Level::ERROR)
+}
+
 /// `future` under `span`, or alone when the span is [`Span::none`] (entering and leaving
 /// it on every poll would do nothing).
 #[doc(hidden)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, StatusCode};
+use tracing::Level;
 
 use crate::IdempotencyKey;
 use crate::body::ResponseBody;
@@ -81,6 +82,8 @@ pub(super) struct Config {
     /// `None`: replays are not marked (the dialect's vendor marks none).
     pub(super) replay_header: Option<ReplayHeader>,
     pub(super) dialect: Dialect,
+    /// The level of the `idemkey.request` span.
+    pub(super) span_level: Level,
 }
 
 /// The default [`RequirementFn`]: keys required on unsafe methods; the layer steps

@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{HeaderName, StatusCode, header};
 use tower_layer::Layer;
+use tracing::Level;
 
 use super::config::{Config, KeyRequirement, default_requirement};
 use super::service::Idempotency;
@@ -128,6 +129,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("key_reused_status", &self.cfg.key_reused_status)
             .field("replay_header", &self.cfg.replay_header)
             .field("dialect", &self.cfg.dialect.id())
+            .field("span_level", &self.cfg.span_level)
             .finish_non_exhaustive()
     }
 }
@@ -154,6 +156,7 @@ impl IdempotencyLayer {
                 key_reused_status: None,
                 replay_header: Some(ReplayHeader::default()),
                 dialect: Dialect::standard(),
+                span_level: Level::DEBUG,
             }),
         }
     }
@@ -430,6 +433,26 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn replay_header(self, header: ReplayHeader) -> Self {
         self.with(|c| c.replay_header = Some(header))
+    }
+
+    /// The level of the `idemkey.request` span each request runs in: [`Level::DEBUG`]
+    /// by default, as tower-http's `TraceLayer` makes its request spans, so a service
+    /// logging at INFO (`RUST_LOG=info`, the common default) builds no span per request
+    /// and pays nothing for it. Set [`Level::INFO`] to see every request's decision at
+    /// INFO; its cost is in `BENCHMARKS.md`, "Cost of telemetry". The store spans
+    /// (`idemkey.store`) stay at DEBUG. The spans and their fields are listed in
+    /// [`idemkey_core::telemetry`].
+    ///
+    /// ```
+    /// use idemkey::server::{Engine, IdempotencyLayer};
+    /// use idemkey::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(Engine::new(MemoryStore::new()))
+    ///     .span_level(tracing::Level::INFO);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn span_level(self, level: Level) -> Self {
+        self.with(|c| c.span_level = level)
     }
 
     /// The engine this layer runs on.

@@ -98,7 +98,7 @@ where
         // The ready service goes with this request; a clone stays for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let span = telemetry::request_span(req.method());
+        let span = telemetry::request_span(req.method(), self.cfg.span_level);
         let (parts, body) = req.into_parts();
         let pipeline = handle(self.cfg.clone(), inner, parts, body);
         if span.is_none() {

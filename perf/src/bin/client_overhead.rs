@@ -23,6 +23,12 @@
 //! (BENCHMARKS.md, "Cost of the metrics"). Its builder calibrates a clock in a loop
 //! bounded by wall time, which an instruction count should leave out: count `run` only,
 //! `--toggle-collect='client_overhead::run*'`.
+//!
+//! `log=FILTER` installs a formatting subscriber at FILTER first (`tracing_subscriber`'s
+//! `fmt` with an `EnvFilter`, on standard error, as a program logging with `RUST_LOG`
+//! has), and `span-level=LEVEL` sets the stack's call span level
+//! (`IdempotentClientBuilder::span_level`): the cost of the client's spans at a level
+//! against the same count with no subscriber (BENCHMARKS.md, "Cost of telemetry").
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -109,14 +115,24 @@ fn start_server() -> Result<String, String> {
     rx.recv().map_err(|e| e.to_string())?
 }
 
-async fn run(kind: &str, url: &str, n: u32) -> Result<(), String> {
+async fn run(
+    kind: &str,
+    url: &str,
+    n: u32,
+    span_level: Option<tracing::Level>,
+) -> Result<(), String> {
     let by_hand = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
     let retry_by_hand = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
             idemkey::client::default_policy(),
         ))
         .build();
-    let stack = IdempotentClientBuilder::new(reqwest::Client::new()).build();
+    let stack = IdempotentClientBuilder::new(reqwest::Client::new());
+    let stack = match span_level {
+        Some(level) => stack.span_level(level),
+        None => stack,
+    }
+    .build();
     let required = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(Required)
         .build();
@@ -161,20 +177,35 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let kind = args.next().unwrap_or_else(|| "stack".into());
     let n = args.next().and_then(|s| s.parse().ok()).unwrap_or(5000);
-    let recorder = match args.next().as_deref() {
-        None => Ok(()),
-        Some("prometheus") => metrics_exporter_prometheus::PrometheusBuilder::new()
+    let mut span_level = None;
+    let set_up = args.try_for_each(|arg| match arg.split_once('=') {
+        None if arg == "prometheus" => metrics_exporter_prometheus::PrometheusBuilder::new()
             .install_recorder()
             .map(drop)
             .map_err(|e| format!("cannot install the Prometheus recorder: {e}")),
-        Some(other) => Err(format!("unknown recorder {other} (only: prometheus)")),
-    };
-    let result = recorder.and_then(|()| start_server()).and_then(|url| {
+        Some(("log", filter)) => tracing_subscriber::EnvFilter::try_new(filter)
+            .map_err(|e| format!("log={filter}: {e}"))
+            .and_then(|filter| {
+                tracing_subscriber::fmt()
+                    .with_env_filter(filter)
+                    .with_writer(std::io::stderr)
+                    .try_init()
+                    .map_err(|e| format!("cannot install the log subscriber: {e}"))
+            }),
+        Some(("span-level", level)) => level
+            .parse()
+            .map(|level| span_level = Some(level))
+            .map_err(|_| format!("span-level={level}: use error, warn, info, debug or trace")),
+        _ => Err(format!(
+            "unknown argument {arg} (after the count: prometheus, log=FILTER, span-level=LEVEL)"
+        )),
+    });
+    let result = set_up.and_then(|()| start_server()).and_then(|url| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?
-            .block_on(run(&kind, &url, n))
+            .block_on(run(&kind, &url, n, span_level))
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

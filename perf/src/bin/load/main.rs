@@ -46,6 +46,11 @@
 //! with `--features metrics` (perf's, which turns on idemkey's) measures idemkey's
 //! metrics with a real recorder against the same program without them.
 //!
+//! With `--log FILTER` (for example `--log 'warn,idemkey=info'`, the examples' default),
+//! it measures the cost of logging instead (`log.rs` beside this file): a server process
+//! with a formatting subscriber at FILTER against one with logging off, bare, fresh and
+//! replay on both each round, with `--span-level LEVEL` for the layer's request span.
+//!
 //! With `--drive ADDR --requests N --workload bare|fresh|replay`, it sends N requests one
 //! after another over one keep-alive connection to a server already serving at ADDR
 //! (`load --serve`, which prints `BARE ADDR`, `VERIFIED ADDR` and `FLOOR ADDR`, for
@@ -75,6 +80,7 @@ mod charge_app;
 #[path = "../../charge_connection.rs"]
 mod charge_connection;
 mod floor;
+mod log;
 #[path = "../../../../examples/common/metrics.rs"]
 mod metrics;
 use charge_app::ChargeApp;
@@ -82,11 +88,13 @@ use charge_connection::ChargeConnection;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
             [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load] [--store URL]
+            [--log FILTER [--span-level LEVEL]]
        load --drive ADDR --requests N --workload bare|fresh|replay|floor-fresh|floor-replay
-       load --serve [--store URL]
+       load --serve [--store URL] [--log FILTER] [--span-level LEVEL]
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
   (and behind `idemkey proxy` with --proxy); with --against, this build's verifier
-  against PATH's (this program built another way); with --drive, N sequential requests
+  against PATH's (this program built another way); with --log, a server logging at
+  FILTER against one with logging off; with --drive, N sequential requests
   to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED or FLOOR
   otherwise)";
 
@@ -100,6 +108,11 @@ struct Args {
     proxy: Option<String>,
     against: Option<std::path::PathBuf>,
     store: Option<String>,
+    /// `--log FILTER`: compare a server logging at FILTER with one logging nothing (the
+    /// server process: log at FILTER).
+    log: Option<String>,
+    /// `--span-level LEVEL`: the level of the layer's request span.
+    span_level: Option<tracing::Level>,
     /// `--serve`: be the server process instead.
     serve: bool,
     drive: Option<SocketAddr>,
@@ -149,6 +162,8 @@ fn parse_args() -> Result<Option<Args>, String> {
         proxy: None,
         against: None,
         store: None,
+        log: None,
+        span_level: None,
         serve: false,
         drive: None,
         requests: 1000,
@@ -181,6 +196,13 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--serve" => args.serve = true,
             "--store" => {
                 args.store = Some(it.next().ok_or(format!("--store needs a URL; {USAGE}"))?)
+            }
+            "--log" => args.log = Some(it.next().ok_or(format!("--log needs a filter; {USAGE}"))?),
+            "--span-level" => {
+                let level = it.next().unwrap_or_default();
+                args.span_level = Some(level.parse().map_err(|_| {
+                    format!("--span-level {level:?}: use error, warn, info, debug or trace")
+                })?);
             }
             "--drive" => {
                 let addr = it
@@ -227,7 +249,7 @@ fn main() -> ExitCode {
         }
     };
     if args.serve {
-        return serve(args.store);
+        return serve(args);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads)
@@ -249,7 +271,8 @@ fn main() -> ExitCode {
 /// `BARE ADDR`, `FLOOR ADDR` and `VERIFIED ADDR` on stdout (the floor verifier's line
 /// before the verifier's, so that `--against` a build from before the floor still
 /// reads).
-fn serve(store: Option<String>) -> ExitCode {
+fn serve(args: Args) -> ExitCode {
+    let store = args.store;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build();
@@ -257,6 +280,9 @@ fn serve(store: Option<String>) -> ExitCode {
         rt.block_on(async {
             // The same recorder in every build, so that only idemkey's metrics differ.
             let _metrics = metrics::install()?;
+            if let Some(filter) = &args.log {
+                log::install(filter)?;
+            }
             let app = ChargeApp::new();
             let engine = match &store {
                 // The memory store itself, not behind `Arc<dyn Store>`, as an app would
@@ -268,7 +294,12 @@ fn serve(store: Option<String>) -> ExitCode {
                         .map_err(|e| format!("--store {url}: {e}"))?,
                 ),
             };
-            let verified = app.router(IdempotencyLayer::new(engine));
+            let layer = IdempotencyLayer::new(engine);
+            let layer = match args.span_level {
+                Some(level) => layer.span_level(level),
+                None => layer,
+            };
+            let verified = app.router(layer);
             let bare = app.bare_router();
             let floor = app.bare_router().layer(floor::FloorLayer::new());
             let listen = async || {
@@ -311,15 +342,19 @@ struct Addrs {
 }
 
 /// A server process of `exe --serve` (over the store at `store`, the memory store
-/// without), and its addresses.
+/// without; `extra` after), its standard error to `stderr`, and its addresses.
 async fn start_server(
     exe: &std::path::Path,
     store: Option<&str>,
+    extra: &[String],
+    stderr: Stdio,
 ) -> Result<(tokio::process::Child, Addrs), String> {
     let mut server = tokio::process::Command::new(exe)
         .arg("--serve")
         .args(store.map(|url| ["--store", url]).into_iter().flatten())
+        .args(extra)
         .stdout(Stdio::piped())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start the server process {}: {e}", exe.display()))?;
@@ -392,10 +427,16 @@ async fn drive(args: Args) -> Result<(), String> {
         );
         return Ok(());
     }
+    if let Some(filter) = &args.log {
+        return log::compare(&args, filter, &body).await;
+    }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let (mut server, addrs) = start_server(&exe, args.store.as_deref()).await?;
+    let level = log::span_level_args(args.span_level);
+    let (mut server, addrs) =
+        start_server(&exe, args.store.as_deref(), &level, Stdio::inherit()).await?;
     if let Some(other) = &args.against {
-        let (mut other_server, other) = start_server(other, args.store.as_deref()).await?;
+        let (mut other_server, other) =
+            start_server(other, args.store.as_deref(), &[], Stdio::inherit()).await?;
         let result = compare(&args, addrs.verified, other.verified, &body).await;
         server.kill().await.map_err(|e| e.to_string())?;
         other_server.kill().await.map_err(|e| e.to_string())?;
