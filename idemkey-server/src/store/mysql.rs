@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::AssertSqlSafe;
-use sqlx::mysql::{MySql, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySql, MySqlPool, MySqlRow};
 use sqlx::pool::PoolConnection;
 
 use super::sql::{
-    DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, sql,
+    DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, pool_options, sql,
     sweep_lock_name, takeover_sets, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
@@ -297,7 +297,7 @@ impl MySqlStoreBuilder {
         let options = sqlx::mysql::MySqlConnectOptions::from_str(&self.url)
             .map_err(|e| connect_failed("MySQL", "?", e))?;
         let at = format!("{}:{}", options.get_host(), options.get_port());
-        let pool = MySqlPoolOptions::new()
+        let pool = pool_options::<MySql>()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
             .connect_with(options)

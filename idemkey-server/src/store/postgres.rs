@@ -31,13 +31,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
-    fenced, sql, sweep_lock_name, unavailable,
+    fenced, pool_options, sql, sweep_lock_name, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
 use super::{
@@ -444,7 +444,7 @@ impl PostgresStoreBuilder {
         let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)
             .map_err(|e| connect_failed("PostgreSQL", "?", e))?;
         let at = format!("{}:{}", options.get_host(), options.get_port());
-        let pool = PgPoolOptions::new()
+        let pool = pool_options::<Postgres>()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
             .connect_with(options)

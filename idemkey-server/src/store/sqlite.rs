@@ -36,13 +36,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use sqlx::{AssertSqlSafe, Connection};
 
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
-    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced, sql,
-    unavailable,
+    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced,
+    pool_options, sql, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
 use super::{
@@ -244,7 +244,7 @@ impl SqliteStoreBuilder {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(self.busy_timeout);
         let pool = |n: u32| {
-            let pool = SqlitePoolOptions::new()
+            let pool = pool_options::<Sqlite>()
                 .max_connections(n)
                 .acquire_timeout(self.busy_timeout);
             let pool = if in_memory {

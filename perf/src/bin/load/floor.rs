@@ -33,7 +33,7 @@ use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
-type Id = [u8; 32];
+pub(crate) type Id = [u8; 32];
 
 enum Slot {
     Running {
@@ -86,7 +86,31 @@ fn sized(hash: &mut Sha256, bytes: &[u8]) {
     hash.update(bytes);
 }
 
-fn plain(status: StatusCode) -> Response<Body> {
+/// The record id of a keyed request: SHA-256 of the scope (the `Authorization` header)
+/// and the key.
+pub(crate) fn record_id(headers: &HeaderMap, key: &HeaderValue) -> Id {
+    let mut id = Sha256::new();
+    let scope = headers.get(header::AUTHORIZATION);
+    sized(&mut id, scope.map_or(&b""[..], HeaderValue::as_bytes));
+    sized(&mut id, key.as_bytes());
+    id.finalize().into()
+}
+
+/// The request's fingerprint: SHA-256 of method, path, `Content-Type` and body.
+pub(crate) fn fingerprint(parts: &http::request::Parts, body: &[u8]) -> Id {
+    let mut fingerprint = Sha256::new();
+    sized(&mut fingerprint, parts.method.as_str().as_bytes());
+    sized(&mut fingerprint, parts.uri.path().as_bytes());
+    let content_type = parts.headers.get(header::CONTENT_TYPE);
+    sized(
+        &mut fingerprint,
+        content_type.map_or(&b""[..], HeaderValue::as_bytes),
+    );
+    sized(&mut fingerprint, body);
+    fingerprint.finalize().into()
+}
+
+pub(crate) fn plain(status: StatusCode) -> Response<Body> {
     let mut response = Response::new(Body::empty());
     *response.status_mut() = status;
     response
@@ -116,26 +140,13 @@ where
             let Some(key) = req.headers().get("idempotency-key") else {
                 return inner.call(req).await;
             };
-            let mut id = Sha256::new();
-            let scope = req.headers().get(header::AUTHORIZATION);
-            sized(&mut id, scope.map_or(&b""[..], HeaderValue::as_bytes));
-            sized(&mut id, key.as_bytes());
-            let id: Id = id.finalize().into();
+            let id = record_id(req.headers(), key);
             let (parts, body) = req.into_parts();
             let Ok(collected) = body.collect().await else {
                 return Ok(plain(StatusCode::BAD_REQUEST));
             };
             let bytes = collected.to_bytes();
-            let mut fingerprint = Sha256::new();
-            sized(&mut fingerprint, parts.method.as_str().as_bytes());
-            sized(&mut fingerprint, parts.uri.path().as_bytes());
-            let content_type = parts.headers.get(header::CONTENT_TYPE);
-            sized(
-                &mut fingerprint,
-                content_type.map_or(&b""[..], HeaderValue::as_bytes),
-            );
-            sized(&mut fingerprint, &bytes);
-            let fingerprint: Id = fingerprint.finalize().into();
+            let fingerprint = fingerprint(&parts, &bytes);
             match records.entry(id) {
                 Entry::Vacant(v) => {
                     v.insert(Slot::Running { fingerprint });

@@ -29,7 +29,10 @@
 //!
 //! `--store URL` puts the verifier over the store `idemkey::store::open` makes of URL
 //! (`redis://127.0.0.1:6379`, `postgres://user@host/db`, `sqlite://PATH`, `mysql://...`)
-//! instead of the memory store. Keys carry the driver's process id,
+//! instead of the memory store; over PostgreSQL, MySQL/MariaDB or SQLite the floor
+//! verifier runs that store's statements from the least sqlx client (`sql_floor.rs`),
+//! so that `fresh/floor` and the CPU per request compare the verifier with the
+//! database's part of the job. Keys carry the driver's process id,
 //! so a store that outlives a run does not turn the next run's fresh keys into replays.
 //!
 //! It prints requests per second per round and workload, then the ratios against
@@ -83,6 +86,7 @@ mod floor;
 mod log;
 #[path = "../../../../examples/common/metrics.rs"]
 mod metrics;
+mod sql_floor;
 use charge_app::ChargeApp;
 use charge_connection::ChargeConnection;
 
@@ -301,7 +305,8 @@ fn serve(args: Args) -> ExitCode {
             };
             let verified = app.router(layer);
             let bare = app.bare_router();
-            let floor = app.bare_router().layer(floor::FloorLayer::new());
+            // Over a SQL store, the floor runs the store's statements (`sql_floor.rs`).
+            let floor = sql_floor::router(&app, store.as_deref()).await?;
             let listen = async || {
                 TcpListener::bind("127.0.0.1:0")
                     .await

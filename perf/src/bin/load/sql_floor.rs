@@ -1,0 +1,651 @@
+//! The floor of a verifier over a SQL store, for the load program (`load --store URL`
+//! with a `postgres://`, `mysql://`/`mariadb://` or `sqlite://` URL): what the SQL
+//! store's own statements cost from the least client that can run them, so that the
+//! verifier's CPU per request over the store is measured against the database's part of
+//! the job and not only against a handler without one.
+//!
+//! Per keyed request it does what the memory floor of `floor.rs` does (hash scope and
+//! key, fingerprint the request, run the handler, keep its answer), with the record in
+//! the database instead of a map, through the statements of the store of that URL, on
+//! a pool of the same shape, on the same driver (sqlx), prepared once per connection:
+//!
+//! - PostgreSQL: the claim (one statement: a live row is the answer, else insert or take
+//!   over), then the completion; 16 connections.
+//! - MySQL/MariaDB: the claim (`INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING`,
+//!   MariaDB 10.5 or later), then the completion; 16 connections.
+//! - SQLite: a read of the live row on one of 4 reading connections, and only for a new
+//!   key the claim and the completion on the one writing connection (WAL,
+//!   `synchronous = FULL`).
+//!
+//! The statements are the stores' own texts (`idemkey-server/src/store/`), on a table of
+//! the floor's own (`idemkey_floor_records`, made with the store's schema by the store's
+//! builder), so that the floor's keys and the verifier's never meet. The pool is sqlx's,
+//! with no ping as a connection is taken (`test_before_acquire(false)`): the least a
+//! client on sqlx's pool does per statement (the pool still pings a connection as it
+//! takes it back).
+//!
+//! On PostgreSQL, `LOAD_SQL_FLOOR` chooses the client, to tell the driver's cost from
+//! the pool's and to measure another driver side by side: `pool` (the default, as
+//! above), `connections` (16 sqlx connections without the pool, taken round-robin,
+//! each behind a lock) or `tokio-postgres` (16 clients of that driver, the statements
+//! prepared on each, taken round-robin):
+//!
+//! ```sh
+//! LOAD_SQL_FLOOR=tokio-postgres cargo run --release -p perf --bin load -- \
+//!     --store postgres://root@127.0.0.1:5432/test --seconds 3 --rounds 3
+//! ```
+//!
+//! What it leaves out: decoding anything but the columns the answer needs, the stored
+//! response's headers but `Content-Type`, and everything `floor.rs` leaves out (key
+//! validation, the protocol's answers, renewals, telemetry).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderValue, StatusCode, header};
+use http_body_util::BodyExt;
+use sqlx::{AssertSqlSafe, Connection, Row};
+
+use crate::charge_app::ChargeApp;
+use crate::floor::{self, Id};
+
+/// The floor's table, beside the store's.
+const TABLE: &str = "idemkey_floor_records";
+/// The engine's default lease and retention, as the verifier claims with them.
+const LEASE_US: i64 = 5_000_000;
+const RETENTION_US: i64 = 24 * 3600 * 1_000_000;
+
+/// The floor verifier over the store at `store` (its SQL statements and its pool
+/// shape), or the memory floor of `floor.rs` for any other store or none.
+pub(crate) async fn router(app: &ChargeApp, store: Option<&str>) -> Result<Router, String> {
+    let scheme = store.and_then(|url| url.split_once("://")).map(|(s, _)| s);
+    let db = match (scheme, store) {
+        (Some("postgres" | "postgresql"), Some(url)) => Db::postgres(url).await?,
+        (Some("mysql" | "mariadb"), Some(url)) => Db::mysql(url).await?,
+        (Some("sqlite"), Some(url)) => Db::sqlite(url).await?,
+        _ => return Ok(app.bare_router().layer(floor::FloorLayer::new())),
+    };
+    Ok(app
+        .bare_router()
+        .layer(axum::middleware::from_fn_with_state(Arc::new(db), verify)))
+}
+
+/// A pool and the statements of one database.
+enum Db {
+    Postgres(Pg, Statements),
+    MySql(sqlx::MySqlPool, Statements),
+    Sqlite {
+        readers: sqlx::SqlitePool,
+        writer: sqlx::SqlitePool,
+        statements: Statements,
+    },
+}
+
+/// The PostgreSQL client of the floor, chosen by `LOAD_SQL_FLOOR`.
+enum Pg {
+    /// `pool` (the default): sqlx's pool, as the store uses it.
+    Pool(sqlx::PgPool),
+    /// `connections`: 16 sqlx connections without the pool, each behind a lock, taken
+    /// round-robin: sqlx's driver without the pool's work (its ping as it takes a
+    /// connection back, the task that does it).
+    Connections(Vec<tokio::sync::Mutex<sqlx::PgConnection>>, AtomicUsize),
+    /// `tokio-postgres`: 16 clients of that driver, each with the two statements
+    /// prepared, taken round-robin (a client is shared: it pipelines).
+    TokioPostgres(
+        Vec<(
+            tokio_postgres::Client,
+            tokio_postgres::Statement,
+            tokio_postgres::Statement,
+        )>,
+        AtomicUsize,
+    ),
+}
+
+/// A live record a claim met: its fingerprint, and its payload once completed.
+type Live = (Vec<u8>, Option<Vec<u8>>);
+
+/// How many connections every PostgreSQL and MySQL floor holds: the store's pool size.
+const CONNECTIONS: usize = 16;
+
+struct Statements {
+    /// SQLite: the read of the live row before the claim.
+    live: Arc<str>,
+    claim: Arc<str>,
+    complete: Arc<str>,
+}
+
+fn failed(what: &'static str) -> impl Fn(sqlx::Error) -> String {
+    move |e| format!("the SQL floor: {what}: {e}")
+}
+
+/// `col = CASE WHEN <expired> THEN <new> ELSE <old col> END, ...`: the stores' takeover
+/// of an expired row that keeps a live one as it is.
+fn takeover(expired: &str, old: &str, columns: &[(&str, &str)]) -> String {
+    columns
+        .iter()
+        .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {old}{col} END"))
+        .collect::<Vec<_>>()
+        .join(",\n  ")
+}
+
+impl Db {
+    async fn postgres(url: &str) -> Result<Self, String> {
+        // The store's builder makes the table with the store's schema.
+        let store = idemkey::store::PostgresStore::builder(url)
+            .table(TABLE)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        store.migrate().await.map_err(|e| e.to_string())?;
+        let t = TABLE;
+        let expired = "r.expires_at <= now()";
+        let sets = takeover(
+            expired,
+            "r.",
+            &[
+                ("taken_over", "r.payload IS NULL"),
+                ("fingerprint", "excluded.fingerprint"),
+                ("token", "excluded.token"),
+                ("payload", "NULL"),
+                ("expires_at", "excluded.expires_at"),
+                ("created", "excluded.created"),
+                ("retention", "excluded.retention"),
+                ("sweep_at", "excluded.sweep_at"),
+            ],
+        );
+        let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
+        let claim = format!(
+            "WITH live AS (
+  SELECT false AS won, taken_over, fingerprint, payload, {remaining}
+  FROM {t} WHERE id = $1::bytea AND expires_at > now()
+), claimed AS (
+  INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at, created,
+    retention, sweep_at)
+  SELECT $1::bytea, $2::bytea, $3::bytea, NULL, false,
+    now() + $4::bigint * interval '1 microsecond', now(), $5::bigint,
+    now() + $5::bigint * interval '1 microsecond'
+  WHERE NOT EXISTS (SELECT 1 FROM live)
+  ON CONFLICT (id) DO UPDATE SET
+    {sets}
+  RETURNING coalesce(token = $3::bytea, false) AS won, taken_over, fingerprint, payload,
+    {remaining}
+)
+SELECT * FROM claimed UNION ALL SELECT * FROM live"
+        );
+        let complete = format!(
+            "UPDATE {t} SET payload = $3, token = NULL,
+  expires_at = now() + $4 * interval '1 microsecond',
+  sweep_at = least(sweep_at, now() + $4 * interval '1 microsecond')
+WHERE id = $1 AND token = $2 AND payload IS NULL
+  AND expires_at + retention * interval '1 microsecond' > now()"
+        );
+        let client = match std::env::var("LOAD_SQL_FLOOR").as_deref() {
+            Err(_) | Ok("pool") => Pg::Pool(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(CONNECTIONS as u32)
+                    .test_before_acquire(false)
+                    .connect(url)
+                    .await
+                    .map_err(failed("connecting"))?,
+            ),
+            Ok("connections") => {
+                let mut connections = Vec::with_capacity(CONNECTIONS);
+                for _ in 0..CONNECTIONS {
+                    let conn = sqlx::PgConnection::connect(url)
+                        .await
+                        .map_err(failed("connecting"))?;
+                    connections.push(tokio::sync::Mutex::new(conn));
+                }
+                Pg::Connections(connections, AtomicUsize::new(0))
+            }
+            Ok("tokio-postgres") => {
+                use tokio_postgres::types::Type;
+                let mut clients = Vec::with_capacity(CONNECTIONS);
+                for _ in 0..CONNECTIONS {
+                    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| format!("the SQL floor: connecting: {e}"))?;
+                    tokio::spawn(connection);
+                    let prepare = async |sql: &str, types: &[Type]| {
+                        client
+                            .prepare_typed(sql, types)
+                            .await
+                            .map_err(|e| format!("the SQL floor: preparing: {e}"))
+                    };
+                    let claim = prepare(
+                        &claim,
+                        &[
+                            Type::BYTEA,
+                            Type::BYTEA,
+                            Type::BYTEA,
+                            Type::INT8,
+                            Type::INT8,
+                        ],
+                    )
+                    .await?;
+                    let complete = prepare(
+                        &complete,
+                        &[Type::BYTEA, Type::BYTEA, Type::BYTEA, Type::INT8],
+                    )
+                    .await?;
+                    clients.push((client, claim, complete));
+                }
+                Pg::TokioPostgres(clients, AtomicUsize::new(0))
+            }
+            Ok(other) => {
+                return Err(format!(
+                    "LOAD_SQL_FLOOR={other}: use pool, connections or tokio-postgres"
+                ));
+            }
+        };
+        Ok(Db::Postgres(
+            client,
+            Statements {
+                live: "".into(),
+                claim: claim.into(),
+                complete: complete.into(),
+            },
+        ))
+    }
+
+    async fn mysql(url: &str) -> Result<Self, String> {
+        let store = idemkey::store::MySqlStore::builder(url)
+            .table(TABLE)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        store.migrate().await.map_err(|e| e.to_string())?;
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(CONNECTIONS as u32)
+            .test_before_acquire(false)
+            .connect(url)
+            .await
+            .map_err(failed("connecting"))?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&pool)
+            .await
+            .map_err(failed("reading the version"))?;
+        if !version.contains("MariaDB") {
+            return Err(format!(
+                "the SQL floor runs the MariaDB store's claim (INSERT ... RETURNING); the \
+                 server is {version}"
+            ));
+        }
+        let t = TABLE;
+        let now = "UTC_TIMESTAMP(6)";
+        let sets = takeover(
+            &format!("expires_at <= {now}"),
+            "",
+            &[
+                ("taken_over", "payload IS NULL"),
+                ("fingerprint", "VALUES(fingerprint)"),
+                ("token", "VALUES(token)"),
+                ("payload", "NULL"),
+                ("completed", "FALSE"),
+                ("created_at", "VALUES(created_at)"),
+                ("purge_at", "VALUES(purge_at)"),
+                ("expires_at", "VALUES(expires_at)"),
+            ],
+        );
+        let claim = format!(
+            "INSERT INTO {t} (id, fingerprint, token, payload, completed, taken_over, created_at, expires_at, purge_at)
+VALUES (?, ?, ?, NULL, FALSE, FALSE, {now}, {now} + INTERVAL ? MICROSECOND, {now} + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE
+  {sets}
+RETURNING token <=> ? AS won, taken_over, fingerprint, payload,
+  TIMESTAMPDIFF(MICROSECOND, {now}, expires_at) AS remaining"
+        );
+        let complete = format!(
+            "UPDATE {t} SET payload = ?, token = NULL, completed = TRUE,
+  expires_at = {now} + INTERVAL ? MICROSECOND, purge_at = {now} + INTERVAL ? MICROSECOND
+WHERE id = ? AND token = ? AND completed = FALSE AND purge_at > {now}"
+        );
+        Ok(Db::MySql(
+            pool,
+            Statements {
+                live: "".into(),
+                claim: claim.into(),
+                complete: complete.into(),
+            },
+        ))
+    }
+
+    async fn sqlite(url: &str) -> Result<Self, String> {
+        let path = url.trim_start_matches("sqlite://");
+        let store = idemkey::store::SqliteStore::builder(path)
+            .table(TABLE)
+            .open()
+            .await
+            .map_err(|e| e.to_string())?;
+        store.close().await;
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = |n: u32| {
+            sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(n)
+                .test_before_acquire(false)
+                .connect_with(options.clone())
+        };
+        let writer = pool(1).await.map_err(failed("opening"))?;
+        let readers = pool(4).await.map_err(failed("opening"))?;
+        let t = TABLE;
+        let sets = takeover(
+            "expires_at <= $1",
+            "",
+            &[
+                ("taken_over", "payload IS NULL"),
+                ("fingerprint", "excluded.fingerprint"),
+                ("token", "excluded.token"),
+                ("payload", "NULL"),
+                ("expires_at", "excluded.expires_at"),
+                ("created", "excluded.created"),
+                ("retention", "excluded.retention"),
+            ],
+        );
+        let statements = Statements {
+            live: format!(
+                "SELECT 0 AS won, taken_over, fingerprint, payload, expires_at - $1 AS remaining
+FROM {t} WHERE id = $2 AND expires_at > $1"
+            )
+            .into(),
+            claim: format!(
+                "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at, created,
+  retention)
+VALUES ($2, $3, $4, NULL, 0, $1 + $5, $1, $6)
+ON CONFLICT (id) DO UPDATE SET
+  {sets}
+RETURNING coalesce(token = $4, 0) AS won, taken_over, fingerprint, payload,
+  expires_at - $1 AS remaining"
+            )
+            .into(),
+            complete: format!(
+                "UPDATE {t} SET payload = $4, token = NULL, expires_at = $1 + $5
+WHERE id = $2 AND token = $3 AND payload IS NULL AND expires_at + retention > $1"
+            )
+            .into(),
+        };
+        Ok(Db::Sqlite {
+            readers,
+            writer,
+            statements,
+        })
+    }
+
+    /// The claim: `Ok(None)` when this request won the key, else the live record's
+    /// fingerprint and its payload (`None` while it is in progress).
+    async fn claim(
+        &self,
+        id: &Id,
+        fingerprint: &Id,
+        token: &[u8; 16],
+    ) -> Result<Option<Live>, String> {
+        let err = failed("claiming");
+        fn answer<'r, R: Row>(row: &'r R) -> Result<Option<Live>, String>
+        where
+            usize: sqlx::ColumnIndex<R>,
+            bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        {
+            let err = failed("decoding the claim");
+            if row.try_get::<bool, _>(0).map_err(&err)? {
+                return Ok(None);
+            }
+            Ok(Some((
+                row.try_get(2).map_err(&err)?,
+                row.try_get(3).map_err(&err)?,
+            )))
+        }
+        match self {
+            Db::Postgres(client, sql) => {
+                let query = sqlx::query(AssertSqlSafe(sql.claim.clone()))
+                    .bind(id.as_slice())
+                    .bind(fingerprint.as_slice())
+                    .bind(token.as_slice())
+                    .bind(LEASE_US)
+                    .bind(RETENTION_US);
+                let row = match client {
+                    Pg::Pool(pool) => query.fetch_one(pool).await,
+                    Pg::Connections(connections, next) => {
+                        query.fetch_one(&mut *take(connections, next).await).await
+                    }
+                    Pg::TokioPostgres(clients, next) => {
+                        let (client, claim, _) = &clients[turn(clients.len(), next)];
+                        let row = client
+                            .query_one(
+                                claim,
+                                &[
+                                    &id.as_slice(),
+                                    &fingerprint.as_slice(),
+                                    &token.as_slice(),
+                                    &LEASE_US,
+                                    &RETENTION_US,
+                                ],
+                            )
+                            .await
+                            .map_err(|e| format!("the SQL floor: claiming: {e}"))?;
+                        if row.try_get::<_, bool>(0).map_err(|e| e.to_string())? {
+                            return Ok(None);
+                        }
+                        return Ok(Some((
+                            row.try_get(2).map_err(|e| e.to_string())?,
+                            row.try_get(3).map_err(|e| e.to_string())?,
+                        )));
+                    }
+                };
+                answer(&row.map_err(err)?)
+            }
+            Db::MySql(pool, sql) => {
+                let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
+                    .bind(id.as_slice())
+                    .bind(fingerprint.as_slice())
+                    .bind(token.as_slice())
+                    .bind(LEASE_US)
+                    .bind(LEASE_US + RETENTION_US)
+                    .bind(token.as_slice())
+                    .fetch_one(pool)
+                    .await
+                    .map_err(err)?;
+                answer(&row)
+            }
+            Db::Sqlite {
+                readers,
+                writer,
+                statements: sql,
+            } => {
+                let live = sqlx::query(AssertSqlSafe(sql.live.clone()))
+                    .bind(now_ms())
+                    .bind(id.as_slice())
+                    .fetch_optional(readers)
+                    .await
+                    .map_err(&err)?;
+                if let Some(row) = live {
+                    return answer(&row);
+                }
+                let row = sqlx::query(AssertSqlSafe(sql.claim.clone()))
+                    .bind(now_ms())
+                    .bind(id.as_slice())
+                    .bind(fingerprint.as_slice())
+                    .bind(token.as_slice())
+                    .bind(LEASE_US / 1000)
+                    .bind(RETENTION_US / 1000)
+                    .fetch_one(writer)
+                    .await
+                    .map_err(err)?;
+                answer(&row)
+            }
+        }
+    }
+
+    /// The completion of a won claim with `payload`.
+    async fn complete(&self, id: &Id, token: &[u8; 16], payload: &[u8]) -> Result<(), String> {
+        let err = failed("completing");
+        let written = match self {
+            Db::Postgres(client, sql) => {
+                let query = sqlx::query(AssertSqlSafe(sql.complete.clone()))
+                    .bind(id.as_slice())
+                    .bind(token.as_slice())
+                    .bind(payload)
+                    .bind(RETENTION_US);
+                match client {
+                    Pg::Pool(pool) => query.execute(pool).await.map_err(err)?.rows_affected(),
+                    Pg::Connections(connections, next) => query
+                        .execute(&mut *take(connections, next).await)
+                        .await
+                        .map_err(err)?
+                        .rows_affected(),
+                    Pg::TokioPostgres(clients, next) => {
+                        let (client, _, complete) = &clients[turn(clients.len(), next)];
+                        client
+                            .execute(
+                                complete,
+                                &[&id.as_slice(), &token.as_slice(), &payload, &RETENTION_US],
+                            )
+                            .await
+                            .map_err(|e| format!("the SQL floor: completing: {e}"))?
+                    }
+                }
+            }
+            Db::MySql(pool, sql) => sqlx::query(AssertSqlSafe(sql.complete.clone()))
+                .bind(payload)
+                .bind(RETENTION_US)
+                .bind(RETENTION_US)
+                .bind(id.as_slice())
+                .bind(token.as_slice())
+                .execute(pool)
+                .await
+                .map_err(err)?
+                .rows_affected(),
+            Db::Sqlite {
+                writer,
+                statements: sql,
+                ..
+            } => sqlx::query(AssertSqlSafe(sql.complete.clone()))
+                .bind(now_ms())
+                .bind(id.as_slice())
+                .bind(token.as_slice())
+                .bind(payload)
+                .bind(RETENTION_US / 1000)
+                .execute(writer)
+                .await
+                .map_err(err)?
+                .rows_affected(),
+        };
+        match written {
+            1 => Ok(()),
+            n => Err(format!("the SQL floor's completion wrote {n} rows")),
+        }
+    }
+}
+
+/// The next of `n` connections or clients, round-robin.
+fn turn(n: usize, next: &AtomicUsize) -> usize {
+    next.fetch_add(1, Ordering::Relaxed) % n
+}
+
+/// A free connection of `connections` if there is one (from the next in turn on), else
+/// the next in turn once it is free.
+async fn take<'a>(
+    connections: &'a [tokio::sync::Mutex<sqlx::PgConnection>],
+    next: &AtomicUsize,
+) -> tokio::sync::MutexGuard<'a, sqlx::PgConnection> {
+    let first = turn(connections.len(), next);
+    for i in 0..connections.len() {
+        if let Ok(conn) = connections[(first + i) % connections.len()].try_lock() {
+            return conn;
+        }
+    }
+    connections[first].lock().await
+}
+
+/// This machine's time in milliseconds since the Unix epoch (the SQLite store's clock).
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The stored answer: status (2 bytes), `Content-Type` (its length in 1 byte, then
+/// it), body.
+fn encode(status: StatusCode, content_type: Option<&HeaderValue>, body: &[u8]) -> Bytes {
+    let content_type = content_type.map_or(&b""[..], HeaderValue::as_bytes);
+    let content_type = &content_type[..content_type.len().min(255)];
+    let mut out = BytesMut::with_capacity(3 + content_type.len() + body.len());
+    out.put_u16(status.as_u16());
+    out.put_u8(content_type.len() as u8);
+    out.put_slice(content_type);
+    out.put_slice(body);
+    out.freeze()
+}
+
+/// The response of a stored answer, marked as a replay.
+fn replay(stored: &[u8]) -> Response {
+    let Some((head, rest)) = stored.split_first_chunk::<3>() else {
+        return floor::plain(StatusCode::INTERNAL_SERVER_ERROR);
+    };
+    let status = StatusCode::from_u16(u16::from_be_bytes([head[0], head[1]]))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let (content_type, body) = rest.split_at(usize::from(head[2]).min(rest.len()));
+    let mut response = Response::new(Body::from(body.to_vec()));
+    *response.status_mut() = status;
+    if let Ok(value) = HeaderValue::from_bytes(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    response
+}
+
+/// The floor verifier's middleware.
+async fn verify(State(db): State<Arc<Db>>, req: Request, next: Next) -> Response {
+    let Some(key) = req.headers().get("idempotency-key") else {
+        return next.run(req).await;
+    };
+    let id = floor::record_id(req.headers(), key);
+    let (parts, body) = req.into_parts();
+    let Ok(collected) = body.collect().await else {
+        return floor::plain(StatusCode::BAD_REQUEST);
+    };
+    let bytes = collected.to_bytes();
+    let fingerprint = floor::fingerprint(&parts, &bytes);
+    let token = *uuid::Uuid::new_v4().as_bytes();
+    match db.claim(&id, &fingerprint, &token).await {
+        Ok(None) => {}
+        Ok(Some((stored, payload))) => {
+            return match payload {
+                Some(payload) if stored == fingerprint => replay(&payload),
+                None if stored == fingerprint => floor::plain(StatusCode::CONFLICT),
+                _ => floor::plain(StatusCode::UNPROCESSABLE_ENTITY),
+            };
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return floor::plain(StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    let (head, body) = response.into_parts();
+    let Ok(collected) = body.collect().await else {
+        return floor::plain(StatusCode::INTERNAL_SERVER_ERROR);
+    };
+    let body = collected.to_bytes();
+    let stored = encode(head.status, head.headers.get(header::CONTENT_TYPE), &body);
+    if let Err(e) = db.complete(&id, &token, &stored).await {
+        eprintln!("{e}");
+        return floor::plain(StatusCode::SERVICE_UNAVAILABLE);
+    }
+    Response::from_parts(head, Body::from(body))
+}
