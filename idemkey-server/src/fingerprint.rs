@@ -139,9 +139,14 @@ impl Hasher {
         h
     }
 
+    /// `tag`, then `bytes` framed as [`idemkey_core::framing::field`] frames them: the tag
+    /// and the length go in one update (each update costs its own buffer bookkeeping).
     fn field(&mut self, tag: u8, bytes: &[u8]) {
-        self.0.update([tag]);
-        idemkey_core::framing::field(&mut self.0, bytes);
+        let mut head = [0u8; 9];
+        head[0] = tag;
+        head[1..].copy_from_slice(&(bytes.len() as u64).to_be_bytes());
+        self.0.update(head);
+        self.0.update(bytes);
     }
 
     fn finish(self) -> Fingerprint {

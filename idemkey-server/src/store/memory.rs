@@ -825,15 +825,14 @@ impl MemoryStore {
     }
 }
 
-#[async_trait::async_trait]
-impl Store for MemoryStore {
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
-
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+/// The operations of the request path, answered at once: what [`Store::claim`] and
+/// [`Store::complete`] do, without the boxed future the trait's methods make. The engine
+/// calls these for a memory store (`telemetry::EngineStore`), as a fresh request claims
+/// and completes and a replay claims.
+impl MemoryStore {
+    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let now = self.now();
-        let claim = self.claim_at(&req, now);
+        let claim = self.claim_at(req, now);
         // After the claim, so a claim never races the sweep it starts.
         self.sweep_if_due(now);
         claim.map_err(|full| {
@@ -842,7 +841,7 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn complete(
+    pub(crate) fn complete_now(
         &self,
         id: &RecordId,
         token: FencingToken,
@@ -858,6 +857,27 @@ impl Store for MemoryStore {
         })?;
         self.inner.settlements.notify(id);
         Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.claim_now(&req)
+    }
+
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.complete_now(id, token, payload, retention)
     }
 
     async fn renew(

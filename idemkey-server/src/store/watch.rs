@@ -1,9 +1,11 @@
 //! Waiting for a record to settle: [`Watch`], what [`Store::watch`](super::Store::watch)
 //! returns, and the registry of local waiters that the notifying stores wake.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use tokio::sync::watch;
 
 use super::RecordId;
@@ -70,22 +72,32 @@ impl Watch for PollingWatch {
 #[derive(Debug, Default)]
 pub(crate) struct Settlements {
     waiters: DashMap<RecordId, watch::Sender<()>, IdHashBuilder>,
+    /// How many ids `waiters` holds, so that a settling nobody waits for (every
+    /// completion of a fresh key) is one atomic read, not a look-up under a shard's
+    /// lock. Counted up before a waiter looks at its record, so a settling that look
+    /// missed sees it.
+    watched: AtomicUsize,
 }
 
 impl Settlements {
     /// A watch of `id`, armed from now on.
     pub(crate) fn subscribe(&self, id: &RecordId) -> ChannelWatch {
-        let rx = self
-            .waiters
-            .entry(*id)
-            .or_insert_with(|| watch::Sender::new(()))
-            .subscribe();
+        let rx = match self.waiters.entry(*id) {
+            Entry::Occupied(e) => e.get().subscribe(),
+            Entry::Vacant(e) => {
+                self.watched.fetch_add(1, Ordering::SeqCst);
+                e.insert(watch::Sender::new(())).subscribe()
+            }
+        };
         ChannelWatch { rx }
     }
 
     /// Wakes the waiters of `id`; forgets `id` once nobody waits for it. Returns
     /// whether anybody waited.
     pub(crate) fn notify(&self, id: &RecordId) -> bool {
+        if self.watched.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
         let woke = self.waiters.get(id).is_some_and(|tx| {
             tx.send_replace(());
             true
@@ -93,15 +105,26 @@ impl Settlements {
         // Nobody waited (every completion of a fresh key): nothing to forget, and no
         // second look-up under the shard's write lock. A waiter that subscribes meanwhile
         // keeps its entry either way.
-        if woke {
-            self.waiters.remove_if(id, |_, tx| tx.receiver_count() == 0);
+        if woke
+            && self
+                .waiters
+                .remove_if(id, |_, tx| tx.receiver_count() == 0)
+                .is_some()
+        {
+            self.watched.fetch_sub(1, Ordering::SeqCst);
         }
         woke
     }
 
     /// Forgets the ids nobody waits for any more.
     pub(crate) fn prune(&self) {
-        self.waiters.retain(|_, tx| tx.receiver_count() > 0);
+        self.waiters.retain(|_, tx| {
+            let keep = tx.receiver_count() > 0;
+            if !keep {
+                self.watched.fetch_sub(1, Ordering::SeqCst);
+            }
+            keep
+        });
     }
 }
 
