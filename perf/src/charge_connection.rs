@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode, header};
+use http::{HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -15,6 +15,9 @@ use tokio::net::TcpStream;
 pub(crate) struct ChargeConnection {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     task: tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    /// The session cookie [`ChargeConnection::open_session`] was given, sent with every
+    /// charge.
+    cookie: Option<HeaderValue>,
 }
 
 impl ChargeConnection {
@@ -30,32 +33,68 @@ impl ChargeConnection {
         Ok(Self {
             sender,
             task: tokio::spawn(conn),
+            cookie: None,
         })
+    }
+
+    /// Posts to `path` (a route that opens a session, for a verifier that keeps its
+    /// records in the caller's session) and sends the cookie it sets (its `name=value`)
+    /// with every later charge.
+    #[allow(
+        dead_code,
+        reason = "only the load program's peers (`load --peers`) keep sessions"
+    )]
+    pub(crate) async fn open_session(&mut self, path: &str) -> Result<(), String> {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(header::HOST, "127.0.0.1")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let head = self.exchange(req).await?;
+        let cookie = head
+            .headers
+            .get(header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next());
+        let status = head.status;
+        let cookie = cookie.ok_or(format!("POST {path} answered {status} without a cookie"))?;
+        self.cookie = Some(HeaderValue::from_str(cookie).map_err(|e| e.to_string())?);
+        Ok(())
     }
 
     /// Posts `body` (JSON) under the idempotency key `key`, reads the whole answer and
     /// returns its status.
     pub(crate) async fn post(&mut self, key: &str, body: &Bytes) -> Result<StatusCode, String> {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::POST)
             .uri("/v1/charges")
             .header(header::HOST, "127.0.0.1")
             .header(header::CONTENT_TYPE, "application/json")
-            .header("idempotency-key", key)
+            .header("idempotency-key", key);
+        if let Some(cookie) = &self.cookie {
+            req = req.header(header::COOKIE, cookie);
+        }
+        let req = req
             .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())?;
+        Ok(self.exchange(req).await?.status)
+    }
+
+    /// Sends `req`, reads the whole answer and returns its head.
+    async fn exchange(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<http::response::Parts, String> {
         self.sender.ready().await.map_err(|e| e.to_string())?;
         let resp = self
             .sender
             .send_request(req)
             .await
             .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        resp.into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(status)
+        let (head, body) = resp.into_parts();
+        body.collect().await.map_err(|e| e.to_string())?;
+        Ok(head)
     }
 }
 

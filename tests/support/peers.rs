@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+mod install;
+
 /// The Python peers and every package they load, pinned (installed with `--no-deps`, so
 /// nothing drifts): idemkit 1.0.2 and fastapi-idempotency 0.1.1 under FastAPI/uvicorn.
 pub(crate) const PYTHON_PEERS: &[&str] = &[
@@ -50,45 +52,9 @@ fn python() -> String {
     std::env::var("IDEMKEY_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// `<cache>/<name>-<hash of specs>`, installed once by `install` (into the directory it
-/// is given) under a lock, so concurrent test processes wait for one install.
-fn installed(name: &str, specs: &[&str], install: impl FnOnce(&Path) -> Command) -> PathBuf {
-    let cache = cache_dir();
-    std::fs::create_dir_all(&cache)
-        .unwrap_or_else(|e| panic!("create the peer cache {}: {e}", cache.display()));
-    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, specs.join(" ").as_bytes());
-    let dir = cache.join(format!("{name}-{}", &id.simple().to_string()[..12]));
-    let done = dir.join(".installed");
-    let lock = std::fs::File::create(cache.join(format!(".{name}.lock")))
-        .unwrap_or_else(|e| panic!("create the lock file in {}: {e}", cache.display()));
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-        .unwrap_or_else(|e| panic!("lock the peer cache: {e}"));
-    if done.exists() {
-        return dir;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-    let mut command = install(&dir);
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the installer {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "installing the {name} peers ({}) failed ({}): the package registry must be \
-         reachable.\n--- stdout\n{}\n--- stderr\n{}",
-        specs.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    std::fs::write(&done, specs.join("\n"))
-        .unwrap_or_else(|e| panic!("mark {} installed: {e}", dir.display()));
-    dir
-}
-
 /// The directory the Python peers are installed in (a `pip --target` folder).
 pub(crate) fn python_site() -> PathBuf {
-    installed("python", PYTHON_PEERS, |dir| {
+    install::installed(&cache_dir(), "python", PYTHON_PEERS, |dir| {
         let mut pip = Command::new(python());
         pip.args([
             "-m",
@@ -102,19 +68,12 @@ pub(crate) fn python_site() -> PathBuf {
         .args(PYTHON_PEERS);
         pip
     })
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The `node_modules` folder the Node peers are installed in.
 pub(crate) fn node_modules() -> PathBuf {
-    installed("node", NODE_PEERS, |dir| {
-        let mut npm = Command::new("npm");
-        npm.args(["install", "--no-audit", "--no-fund", "--no-package-lock"])
-            .args(["--loglevel=error", "--prefix"])
-            .arg(dir)
-            .args(NODE_PEERS);
-        npm
-    })
-    .join("node_modules")
+    install::node_modules(&cache_dir(), "node", NODE_PEERS).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The folder of the peers' scripts (`tests/peers/` at the workspace's root): the

@@ -41,6 +41,16 @@
 //! replay/bare 0.97`) and idemkey's against the floor (`fresh/floor 0.89  replay/floor
 //! 0.98`).
 //!
+//! With `--peers`, each round also drives `axum-idempotent-fresh` and
+//! `axum-idempotent-replay` (the same app behind axum-idempotent, which the `--serve`
+//! process serves too) and `express-fresh` and `express-replay` (the same charge logic
+//! behind express-idempotency in a Node process it starts), as `peers.rs` beside this
+//! file describes, and prints idemkey's and the floor's throughput against each peer's
+//! (`idemkey/axum-idempotent: fresh 1.40  replay 1.07 ...`) and each peer's server CPU
+//! per request against idemkey's. With or without it, every workload is checked to run
+//! the handler once per key (the app's `GET /stats` before and after), so that a
+//! verifier that answers without deduplicating fails the run instead of looking fast.
+//!
 //! With `--against PATH`, it compares two builds instead: PATH is this program built
 //! another way (for example without idemkey's `metrics` feature), started as a second
 //! server process; each round drives `fresh` and `replay` against both verifiers, in
@@ -56,9 +66,10 @@
 //!
 //! With `--drive ADDR --requests N --workload bare|fresh|replay`, it sends N requests one
 //! after another over one keep-alive connection to a server already serving at ADDR
-//! (`load --serve`, which prints `BARE ADDR`, `VERIFIED ADDR` and `FLOOR ADDR`, for
-//! example under `valgrind --tool=callgrind`; `bare` goes to the first, `fresh` and
-//! `replay` to the second or the third): instructions per request without a timed window. Each driver process sends
+//! (`load --serve`, which prints `BARE ADDR`, `FLOOR ADDR`, `AXUM-IDEMPOTENT ADDR` and
+//! `VERIFIED ADDR`, for example under `valgrind --tool=callgrind`; `bare` goes to the
+//! first, `fresh` and `replay` to the verifier's or the floor's,
+//! `axum-idempotent-fresh` and `axum-idempotent-replay` to the peer's): instructions per request without a timed window. Each driver process sends
 //! keys of its own, so a first drive can warm the server up (then
 //! `callgrind_control --zero`) and a second one be measured alone.
 #![allow(
@@ -86,21 +97,24 @@ mod floor;
 mod log;
 #[path = "../../../../examples/common/metrics.rs"]
 mod metrics;
+mod peers;
 mod sql_floor;
 use charge_app::ChargeApp;
 use charge_connection::ChargeConnection;
 
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
             [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load] [--store URL]
-            [--log FILTER [--span-level LEVEL]]
-       load --drive ADDR --requests N --workload bare|fresh|replay|floor-fresh|floor-replay
+            [--log FILTER [--span-level LEVEL]] [--peers]
+       load --drive ADDR --requests N --workload bare|fresh|replay|floor-fresh|floor-replay|
+            axum-idempotent-fresh|axum-idempotent-replay
        load --serve [--store URL] [--log FILTER] [--span-level LEVEL]
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
-  (and behind `idemkey proxy` with --proxy); with --against, this build's verifier
+  (and behind `idemkey proxy` with --proxy, behind axum-idempotent and
+  express-idempotency with --peers); with --against, this build's verifier
   against PATH's (this program built another way); with --log, a server logging at
   FILTER against one with logging off; with --drive, N sequential requests
-  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED or FLOOR
-  otherwise)";
+  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED, FLOOR or
+  AXUM-IDEMPOTENT otherwise)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -117,6 +131,8 @@ struct Args {
     log: Option<String>,
     /// `--span-level LEVEL`: the level of the layer's request span.
     span_level: Option<tracing::Level>,
+    /// `--peers`: drive the peers' workloads too.
+    peers: bool,
     /// `--serve`: be the server process instead.
     serve: bool,
     drive: Option<SocketAddr>,
@@ -132,17 +148,36 @@ enum Workload {
     FloorFresh,
     FloorReplay,
     Proxied,
+    AxumIdempotentFresh,
+    AxumIdempotentReplay,
+    ExpressFresh,
+    ExpressReplay,
 }
 
 impl Workload {
-    const ALL: [Workload; 6] = [
+    const ALL: [Workload; 10] = [
         Workload::Bare,
         Workload::Fresh,
         Workload::Replay,
         Workload::FloorFresh,
         Workload::FloorReplay,
         Workload::Proxied,
+        Workload::AxumIdempotentFresh,
+        Workload::AxumIdempotentReplay,
+        Workload::ExpressFresh,
+        Workload::ExpressReplay,
     ];
+
+    /// One key per connection (every request after the first a replay).
+    fn replays(self) -> bool {
+        matches!(
+            self,
+            Workload::Replay
+                | Workload::FloorReplay
+                | Workload::AxumIdempotentReplay
+                | Workload::ExpressReplay
+        )
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -152,6 +187,10 @@ impl Workload {
             Workload::FloorFresh => "floor-fresh",
             Workload::FloorReplay => "floor-replay",
             Workload::Proxied => "proxied",
+            Workload::AxumIdempotentFresh => "axum-idempotent-fresh",
+            Workload::AxumIdempotentReplay => "axum-idempotent-replay",
+            Workload::ExpressFresh => "express-fresh",
+            Workload::ExpressReplay => "express-replay",
         }
     }
 }
@@ -168,6 +207,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         store: None,
         log: None,
         span_level: None,
+        peers: false,
         serve: false,
         drive: None,
         requests: 1000,
@@ -198,6 +238,7 @@ fn parse_args() -> Result<Option<Args>, String> {
                 args.against = Some(path.into());
             }
             "--serve" => args.serve = true,
+            "--peers" => args.peers = true,
             "--store" => {
                 args.store = Some(it.next().ok_or(format!("--store needs a URL; {USAGE}"))?)
             }
@@ -219,19 +260,13 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "--requests" => args.requests = number("--requests")?,
             "--workload" => {
-                args.workload = match it.next().as_deref() {
-                    Some("bare") => Workload::Bare,
-                    Some("fresh") => Workload::Fresh,
-                    Some("replay") => Workload::Replay,
-                    Some("floor-fresh") => Workload::FloorFresh,
-                    Some("floor-replay") => Workload::FloorReplay,
-                    other => {
-                        return Err(format!(
-                            "--workload {}: use bare, fresh, replay, floor-fresh or floor-replay",
-                            other.unwrap_or("(missing)")
-                        ));
-                    }
-                }
+                let name = it.next().unwrap_or_default();
+                args.workload = Workload::ALL.into_iter().find(|w| w.name() == name).ok_or(
+                    format!(
+                        "--workload {name}: use bare, fresh, replay, floor-fresh, floor-replay, \
+                         axum-idempotent-fresh or axum-idempotent-replay"
+                    ),
+                )?;
             }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
@@ -271,10 +306,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// The server process: the bare app and the verified app on two free ports, printed as
-/// `BARE ADDR`, `FLOOR ADDR` and `VERIFIED ADDR` on stdout (the floor verifier's line
-/// before the verifier's, so that `--against` a build from before the floor still
-/// reads).
+/// The server process: the bare app, the floor, the app behind axum-idempotent and the
+/// verified app on free ports, printed as `BARE ADDR`, `FLOOR ADDR`,
+/// `AXUM-IDEMPOTENT ADDR` and `VERIFIED ADDR` on stdout (the verifier's line last, so
+/// that `--against` a build from before the floor or the peer still reads).
 fn serve(args: Args) -> ExitCode {
     let store = args.store;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -307,25 +342,29 @@ fn serve(args: Args) -> ExitCode {
             let bare = app.bare_router();
             // Over a SQL store, the floor runs the store's statements (`sql_floor.rs`).
             let floor = sql_floor::router(&app, store.as_deref()).await?;
+            let peer = peers::axum_idempotent(&app);
             let listen = async || {
                 TcpListener::bind("127.0.0.1:0")
                     .await
                     .map_err(|e| e.to_string())
             };
             let (bare_listener, floor_listener) = (listen().await?, listen().await?);
-            let verified_listener = listen().await?;
+            let (verified_listener, peer_listener) = (listen().await?, listen().await?);
             let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
             // The driver reads these lines to know where to connect.
             println!("BARE {}", addr(&bare_listener)?);
             println!("FLOOR {}", addr(&floor_listener)?);
+            println!("AXUM-IDEMPOTENT {}", addr(&peer_listener)?);
             println!("VERIFIED {}", addr(&verified_listener)?);
             let bare = tokio::spawn(async move { axum::serve(bare_listener, bare).await });
             let floor = tokio::spawn(async move { axum::serve(floor_listener, floor).await });
+            let peer = tokio::spawn(async move { axum::serve(peer_listener, peer).await });
             axum::serve(verified_listener, verified)
                 .await
                 .map_err(|e| e.to_string())?;
             bare.abort();
             floor.abort();
+            peer.abort();
             Ok::<(), String>(())
         })
     });
@@ -343,6 +382,8 @@ struct Addrs {
     bare: SocketAddr,
     /// `None` from a build that has no floor verifier (an older one, with `--against`).
     floor: Option<SocketAddr>,
+    /// `None` from a build that serves no axum-idempotent app.
+    axum_idempotent: Option<SocketAddr>,
     verified: SocketAddr,
 }
 
@@ -381,21 +422,24 @@ async fn start_server(
             .ok_or(format!("unexpected line from the server process: {line}"))
     };
     let bare = addr_of("BARE", &next().await?)?;
+    let (mut floor, mut axum_idempotent) = (None, None);
     let mut line = next().await?;
-    let floor = match line.starts_with("FLOOR") {
-        true => {
-            let floor = addr_of("FLOOR", &line)?;
-            line = next().await?;
-            Some(floor)
+    // The optional lines, in any order, until the verifier's.
+    loop {
+        match line.split_once(' ').map_or("", |(label, _)| label) {
+            "FLOOR" => floor = Some(addr_of("FLOOR", &line)?),
+            "AXUM-IDEMPOTENT" => axum_idempotent = Some(addr_of("AXUM-IDEMPOTENT", &line)?),
+            _ => break,
         }
-        false => None,
-    };
+        line = next().await?;
+    }
     let verified = addr_of("VERIFIED", &line)?;
     Ok((
         server,
         Addrs {
             bare,
             floor,
+            axum_idempotent,
             verified,
         },
     ))
@@ -470,6 +514,15 @@ async fn drive(args: Args) -> Result<(), String> {
             .ok_or(format!("unexpected line from the proxy: {line}"))?;
         proxy = Some((child, addr));
     }
+    let peers = match args.peers {
+        true => {
+            let axum_idempotent = addrs
+                .axum_idempotent
+                .ok_or("the server process serves no axum-idempotent app")?;
+            Some((axum_idempotent, peers::Express::start(&exe).await?))
+        }
+        false => None,
+    };
     let seconds = Duration::from_secs(args.seconds);
     println!(
         "{} round(s) of {} s per workload, {} connections, {} client threads, handler delay {} ms",
@@ -485,17 +538,39 @@ async fn drive(args: Args) -> Result<(), String> {
     let server_pid = server.id();
     for round in 1..=args.rounds {
         for (i, workload) in Workload::ALL.into_iter().enumerate() {
-            let addr = match (workload, &proxy) {
-                (Workload::Bare, _) => addrs.bare,
-                (Workload::Fresh | Workload::Replay, _) => addrs.verified,
-                (Workload::FloorFresh | Workload::FloorReplay, _) => floor,
-                (Workload::Proxied, Some((_, addr))) => *addr,
-                (Workload::Proxied, None) => continue,
+            // Where to send, whose CPU to count, and whose `GET /stats` counts the charges.
+            let (addr, pid, app) = match (workload, &proxy, &peers) {
+                (Workload::Bare, ..) => (addrs.bare, server_pid, addrs.bare),
+                (Workload::Fresh | Workload::Replay, ..) => {
+                    (addrs.verified, server_pid, addrs.bare)
+                }
+                (Workload::FloorFresh | Workload::FloorReplay, ..) => {
+                    (floor, server_pid, addrs.bare)
+                }
+                (Workload::Proxied, Some((_, addr)), _) => (*addr, server_pid, addrs.bare),
+                (Workload::AxumIdempotentFresh | Workload::AxumIdempotentReplay, _, Some(p)) => {
+                    (p.0, server_pid, addrs.bare)
+                }
+                (Workload::ExpressFresh | Workload::ExpressReplay, _, Some((_, express))) => {
+                    (express.addr(), express.pid(), express.addr())
+                }
+                (Workload::Proxied, None, _)
+                | (
+                    Workload::AxumIdempotentFresh
+                    | Workload::AxumIdempotentReplay
+                    | Workload::ExpressFresh
+                    | Workload::ExpressReplay,
+                    _,
+                    None,
+                ) => continue,
             };
-            let before = server_pid.and_then(cpu_micros);
+            let ran = peers::executions(app).await?;
+            let before = pid.and_then(cpu_micros);
             let (done, answered) =
                 run(workload, addr, args.connections, seconds, round, &body).await?;
-            let used = before.zip(server_pid.and_then(cpu_micros));
+            let used = before.zip(pid.and_then(cpu_micros));
+            let ran = peers::executions(app).await?.saturating_sub(ran);
+            peers::check_runs(workload, args.connections, answered, ran)?;
             totals[i] += done;
             let per_request = used.map(|(a, b)| {
                 cpu[i].0 += b - a;
@@ -541,6 +616,10 @@ async fn drive(args: Args) -> Result<(), String> {
     if let Some((mut child, _)) = proxy {
         println!("proxied/bare {:.2}", ratio(5, 0));
         child.kill().await.map_err(|e| e.to_string())?;
+    }
+    if let Some((_, express)) = peers {
+        peers::print_ratios(&totals, &cpu);
+        express.stop().await?;
     }
     server.kill().await.map_err(|e| e.to_string())?;
     Ok(())
@@ -656,13 +735,17 @@ async fn connection(
     // server, or against a store that outlives the server, sends fresh keys again.
     let run = std::process::id();
     let mut charges = ChargeConnection::open(addr).await?;
+    if matches!(
+        workload,
+        Workload::AxumIdempotentFresh | Workload::AxumIdempotentReplay
+    ) {
+        charges.open_session(peers::SESSION_PATH).await?;
+    }
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) && n < limit {
-        let key = match workload {
-            Workload::Bare | Workload::Fresh | Workload::FloorFresh | Workload::Proxied => {
-                format!("{run:x}.{round}-c{conn}-{n}")
-            }
-            Workload::Replay | Workload::FloorReplay => format!("{run:x}.{round}-c{conn}"),
+        let key = match workload.replays() {
+            false => format!("{run:x}.{round}-c{conn}-{n}"),
+            true => format!("{run:x}.{round}-c{conn}"),
         };
         let status = charges.post(&key, &body).await?;
         if status != http::StatusCode::OK {
