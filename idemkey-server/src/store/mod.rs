@@ -92,7 +92,8 @@ pub use quota::{ChargedClaim, QuotaCharge};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use sweeper::{
-    DEFAULT_SWEEP_BATCH, SweepOptions, SweepOutcome, SweepReport, spawn_sweeper, sweep_and_report,
+    DEFAULT_SWEEP_BATCH, DEFAULT_SWEEP_PAUSE_RATIO, SweepOptions, SweepOutcome, SweepReport,
+    spawn_sweeper, spawn_sweeper_with, sweep_and_report,
 };
 #[allow(
     unused_imports,
