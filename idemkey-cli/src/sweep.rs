@@ -24,6 +24,12 @@ pub(crate) struct SweepArgs {
     #[arg(long, default_value_t = idemkey::store::DEFAULT_SWEEP_BATCH,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
+    /// Pause between batches, as a multiple of the time the batch before took (1: the
+    /// batches take at most half the pass's time; 0: back to back, as fast as the
+    /// database goes, at the cost of the requests running meanwhile).
+    #[arg(long, default_value_t = idemkey::store::DEFAULT_SWEEP_PAUSE_RATIO,
+          value_parser = pause_ratio)]
+    pause_ratio: f64,
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
@@ -31,7 +37,9 @@ pub(crate) struct SweepArgs {
 
 pub(crate) async fn run(args: SweepArgs) -> Result<(), String> {
     let engine = super::open_store(&args.store).await?;
-    let mut options = SweepOptions::new().batch(args.batch);
+    let mut options = SweepOptions::new()
+        .batch(args.batch)
+        .pause_ratio(args.pause_ratio);
     if let Some(budget) = args.max_duration {
         options = options.max_duration(budget);
     }
@@ -44,6 +52,7 @@ pub(crate) async fn run(args: SweepArgs) -> Result<(), String> {
             "batches": report.batches(),
             "duration_seconds": report.duration().as_secs_f64(),
             "rows_per_second": report.rows_per_second(),
+            "paused_seconds": report.paused().as_secs_f64(),
             "outcome": report.outcome().as_str(),
             "lag_seconds": report.lag().map(|l| l.as_secs_f64()),
         });
@@ -62,11 +71,20 @@ pub(crate) async fn run(args: SweepArgs) -> Result<(), String> {
         _ => "nothing expired left".to_owned(),
     };
     println!(
-        "removed {} records in {} ({:.0} rows/s, {} batches); {tail}",
+        "removed {} records in {} ({:.0} rows/s, {} batches, paused {}); {tail}",
         report.removed(),
         super::durations::show(report.duration()),
         report.rows_per_second(),
         report.batches(),
+        super::durations::show(report.paused()),
     );
     Ok(())
+}
+
+/// A pause ratio: a number from 0 to 1,000.
+fn pause_ratio(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|r| (0.0..=1_000.0).contains(r))
+        .ok_or_else(|| format!("{text:?}: use a number from 0 to 1000, such as 1 or 0.5"))
 }

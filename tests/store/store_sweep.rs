@@ -64,8 +64,10 @@ async fn live_records_kept(store: &dyn Store, live: &[RecordId]) {
     }
 }
 
-/// 2,500 expired records in batches of 1,000: three statements, nothing live touched;
-/// then a pass with a budget of zero runs exactly one batch and says work is left.
+/// 2,500 expired records in batches of 1,000: three statements, paced by default (it
+/// paused between them), nothing live touched; then a pass with a budget of zero runs
+/// exactly one batch and says work is left; then one with a pause ratio of 0 never
+/// pauses.
 async fn sweeps_in_batches(store: Arc<dyn Store>) {
     let live = fill(store.as_ref(), "batches", 2_500, 20).await;
     let report = store
@@ -76,6 +78,10 @@ async fn sweeps_in_batches(store: Arc<dyn Store>) {
     assert_eq!(report.batches(), 3, "{report:?}");
     assert_eq!(report.outcome(), SweepOutcome::Complete);
     assert_eq!(report.lag(), Some(Duration::ZERO));
+    assert!(
+        report.paused() > Duration::ZERO && report.paused() < report.duration(),
+        "the default pass pauses between its batches: {report:?}"
+    );
     live_records_kept(store.as_ref(), &live).await;
 
     fill(store.as_ref(), "budget", 300, 0).await;
@@ -90,6 +96,13 @@ async fn sweeps_in_batches(store: Arc<dyn Store>) {
     );
     assert_eq!(store.sweep().await.expect("sweep the rest"), 200);
     assert_eq!(store.sweep().await.expect("nothing left"), 0);
+    live_records_kept(store.as_ref(), &live).await;
+
+    fill(store.as_ref(), "unpaced", 300, 0).await;
+    let options = SweepOptions::new().batch(100).pause_ratio(0.0);
+    let report = store.sweep_pass(&options).await.expect("sweep");
+    assert_eq!((report.removed(), report.batches()), (300, 4), "{report:?}");
+    assert_eq!(report.paused(), Duration::ZERO, "{report:?}");
     live_records_kept(store.as_ref(), &live).await;
 }
 

@@ -92,7 +92,8 @@ pub use quota::{ChargedClaim, QuotaCharge};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use sweeper::{
-    DEFAULT_SWEEP_BATCH, SweepOptions, SweepOutcome, SweepReport, spawn_sweeper, sweep_and_report,
+    DEFAULT_SWEEP_BATCH, DEFAULT_SWEEP_PAUSE_RATIO, SweepOptions, SweepOutcome, SweepReport,
+    spawn_sweeper, spawn_sweeper_with, sweep_and_report,
 };
 #[allow(
     unused_imports,
@@ -371,8 +372,9 @@ pub trait Store: Send + Sync + 'static {
     /// Removes expired records; returns how many. Stores that expire records themselves
     /// (Redis TTL) return `Ok(0)`. Schedule it where the store needs it (PostgreSQL,
     /// MySQL/MariaDB, SQLite); the memory store also sweeps by itself. The SQL stores
-    /// remove in bounded batches until nothing expired is left, without the sweep lock
-    /// (see [`Store::sweep_pass`] for a pass with a budget and the lock).
+    /// remove in bounded batches until nothing expired is left, paced as
+    /// [`SweepOptions::default`] (a pause as long as each batch), without the sweep lock
+    /// (see [`Store::sweep_pass`] for a pass with a budget, the lock or other pacing).
     async fn sweep(&self) -> Result<u64, StoreError> {
         Ok(0)
     }

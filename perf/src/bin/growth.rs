@@ -8,6 +8,7 @@
 //! cargo build --release --example charge_server --features postgres,mysql,sqlite
 //! target/release/growth --store postgres|mysql|sqlite [--records N] [--expired M]
 //!     [--seconds S] [--rounds R] [--connections C] [--charge-server PATH] [--url URL]
+//!     [--pause-ratio X]
 //! ```
 //!
 //! 1. Two stores of the kind chosen, side by side: PostgreSQL and MySQL/MariaDB each get
@@ -30,7 +31,9 @@
 //!    each round; the medians of the rounds are compared (`full/empty`).
 //! 4. The sweep's rate: M expired records (the template's, with a past expiry) are
 //!    inserted into the `full` store, then one `Store::sweep_pass` removes them with no
-//!    requests running: rows per second, against the request rate of step 3.
+//!    requests running: rows per second, against the request rate of step 3. Every
+//!    pass here pauses between its batches as `--pause-ratio` says (the store's default,
+//!    `DEFAULT_SWEEP_PAUSE_RATIO`, unless given; 0 runs them back to back).
 //! 5. Sweeping: R pairs of rounds against the `full` server, the order alternating: one
 //!    while a sweep pass of M freshly inserted expired records runs (the round lasts as
 //!    long as the pass) and one of the same length without. The `charge_server`
@@ -55,6 +58,8 @@
 
 #[path = "../charge_connection.rs"]
 mod charge_connection;
+#[path = "../growth_args.rs"]
+mod growth_args;
 #[path = "../own_database.rs"]
 mod own_database;
 #[path = "../rounds.rs"]
@@ -71,7 +76,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use charge_connection::ChargeConnection;
-use idemkey::store::{Store, SweepOptions};
+use growth_args::{Args, Kind};
+use idemkey::store::Store;
 use own_database::with_database;
 use rounds::{Figures, median, medians};
 use sqlx::Row;
@@ -79,6 +85,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const USAGE: &str = "usage: growth --store postgres|mysql|sqlite [--records N] [--expired M]
               [--seconds S] [--rounds R] [--connections C] [--charge-server PATH] [--url URL]
+              [--pause-ratio X]
   fills a store with N records, then measures fresh-key requests through charge_server
   at a nearly empty table and at N records, and while a sweep of M expired records runs";
 
@@ -88,71 +95,9 @@ const FILL_CHUNK: u64 = 500_000;
 /// Where the ids of expired records start, past every live record's number.
 const EXPIRED_BASE: i64 = 1 << 40;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Postgres,
-    MySql,
-    Sqlite,
-}
-
-struct Args {
-    kind: Kind,
-    records: u64,
-    expired: u64,
-    seconds: u64,
-    rounds: u32,
-    connections: usize,
-    charge_server: Option<PathBuf>,
-    url: Option<String>,
-}
-
-fn parse_args() -> Result<Option<Args>, String> {
-    let mut args = Args {
-        kind: Kind::Sqlite,
-        records: 1_000_000,
-        expired: 200_000,
-        seconds: 4,
-        rounds: 5,
-        connections: 16,
-        charge_server: None,
-        url: None,
-    };
-    let mut kind = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().ok_or(format!("{arg} needs a value; {USAGE}"));
-        let positive = |v: String| {
-            v.parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or(format!("{arg} {v}: use a positive whole number"))
-        };
-        match arg.as_str() {
-            "--store" => {
-                kind = Some(match value()?.as_str() {
-                    "postgres" => Kind::Postgres,
-                    "mysql" => Kind::MySql,
-                    "sqlite" => Kind::Sqlite,
-                    other => return Err(format!("--store {other}: use postgres, mysql or sqlite")),
-                });
-            }
-            "--records" => args.records = positive(value()?)?,
-            "--expired" => args.expired = positive(value()?)?,
-            "--seconds" => args.seconds = positive(value()?)?,
-            "--rounds" => args.rounds = u32::try_from(positive(value()?)?).unwrap_or(u32::MAX),
-            "--connections" => args.connections = usize::try_from(positive(value()?)?).unwrap_or(1),
-            "--charge-server" => args.charge_server = Some(value()?.into()),
-            "--url" => args.url = Some(value()?),
-            "-h" | "--help" => return Ok(None),
-            other => return Err(format!("unknown argument {other}; {USAGE}")),
-        }
-    }
-    args.kind = kind.ok_or(format!("--store is required; {USAGE}"))?;
-    Ok(Some(args))
-}
-
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let stores = [Kind::Postgres, Kind::MySql, Kind::Sqlite];
+    let args = match growth_args::parse(USAGE, &stores, &["--charge-server"]) {
         Ok(Some(a)) => a,
         Ok(None) => {
             println!("{USAGE}");
@@ -719,8 +664,8 @@ fn verdict(ok: bool) -> &'static str {
 // ---- the run --------------------------------------------------------------------------
 
 async fn run(args: Args) -> Result<(), String> {
-    let exe = match &args.charge_server {
-        Some(path) => path.clone(),
+    let exe = match args.extra("--charge-server") {
+        Some(path) => PathBuf::from(path),
         None => std::env::current_exe()
             .map_err(|e| format!("this program's path: {e}"))?
             .with_file_name("examples")
@@ -829,7 +774,7 @@ async fn measure(
     let store = idemkey::store::open(&full.url)
         .await
         .map_err(|e| format!("opening {}: {e}", full.url))?;
-    let options = SweepOptions::new().exclusive(false);
+    let options = args.sweep_options();
     let mut next_expired = EXPIRED_BASE;
     insert_expired(&full.db, &tpl, next_expired, args.expired).await?;
     next_expired += i64::try_from(args.expired).unwrap_or(0);
@@ -838,11 +783,13 @@ async fn measure(
         .await
         .map_err(|e| format!("sweep pass: {e}"))?;
     println!(
-        "sweep alone: {} expired records removed in {:.2} s ({:.0} rows/s, {} batches)",
+        "sweep alone (pause ratio {}): {} expired records removed in {:.2} s ({:.0} rows/s, {} batches, paused {:.2} s)",
+        args.pause_ratio,
         alone.removed(),
         alone.duration().as_secs_f64(),
         alone.rows_per_second(),
-        alone.batches()
+        alone.batches(),
+        alone.paused().as_secs_f64()
     );
 
     // Sweeping against not sweeping, alternating; a sweep round lasts as long as its pass.

@@ -8,6 +8,7 @@
 //! cargo build --release -p perf --bin growth_floor
 //! target/release/growth_floor --store mysql|sqlite [--records N] [--expired M]
 //!     [--seconds S] [--rounds R] [--connections C] [--payload-bytes P] [--url URL]
+//!     [--pause-ratio X]
 //! ```
 //!
 //! 1. Two databases of its own (MySQL/MariaDB: `idemkey_floor_empty_PID` and
@@ -26,8 +27,10 @@
 //!    R rounds of S seconds per database in alternating order; rate, p50 and p99 per
 //!    round, medians compared (`full/empty`).
 //! 4. The sweep's floor: M expired records are inserted, then the store's own batch
-//!    statement (1,000 rows, through the expiry index) runs back to back until a batch
-//!    comes back short, with nothing else running and no lock taken: rows per second
+//!    statement (1,000 rows, through the expiry index) runs until a batch comes back
+//!    short, each batch followed by the pause the store's sweep takes after it
+//!    (`SweepOptions::pause_after` with `--pause-ratio`, the store's default unless
+//!    given; 0: back to back), with nothing else running and no lock taken: rows per second
 //!    against the request rate at N. Then R pairs of rounds at N records, one while such
 //!    a pass over M fresh expired records runs and one of the same length without.
 //! 5. Storage per live record after the churn (the passes, then `ANALYZE TABLE` on
@@ -40,6 +43,8 @@
     reason = "a command-line program prints its results"
 )]
 
+#[path = "../growth_args.rs"]
+mod growth_args;
 #[path = "../own_database.rs"]
 mod own_database;
 #[path = "../rounds.rs"]
@@ -51,17 +56,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use growth_args::{Args, Kind};
+use idemkey::store::SweepOptions;
 use own_database::with_database;
 use rounds::{Figures, medians};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 const USAGE: &str = "usage: growth_floor --store mysql|sqlite [--records N] [--expired M]
               [--seconds S] [--rounds R] [--connections C] [--payload-bytes P] [--url URL]
+              [--pause-ratio X]
   the least database work of a fresh idempotent request (INSERT, then the completing
   UPDATE) at a nearly empty table against N records, and a bare batched sweep";
 
 /// Rows per fill statement (each its own transaction).
 const FILL_CHUNK: u64 = 500_000;
+
+/// Why `--store postgres` is refused (the parser accepts only mysql and sqlite).
+const POSTGRES: &str = "growth_floor measures mysql and sqlite; PostgreSQL's floor is not built";
 
 /// The sweep's batch, as the store's default (`idemkey::store::DEFAULT_SWEEP_BATCH`).
 const BATCH: i64 = 1_000;
@@ -70,69 +81,8 @@ const BATCH: i64 = 1_000;
 const RETENTION_MS: i64 = 86_400_000;
 const LEASE_MS: i64 = 30_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    MySql,
-    Sqlite,
-}
-
-struct Args {
-    kind: Kind,
-    records: u64,
-    expired: u64,
-    seconds: u64,
-    rounds: u32,
-    connections: usize,
-    payload: u64,
-    url: Option<String>,
-}
-
-fn parse_args() -> Result<Option<Args>, String> {
-    let mut args = Args {
-        kind: Kind::Sqlite,
-        records: 1_000_000,
-        expired: 200_000,
-        seconds: 4,
-        rounds: 5,
-        connections: 16,
-        payload: 100,
-        url: None,
-    };
-    let mut kind = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().ok_or(format!("{arg} needs a value; {USAGE}"));
-        let positive = |v: String| {
-            v.parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or(format!("{arg} {v}: use a positive whole number"))
-        };
-        match arg.as_str() {
-            "--store" => {
-                kind = Some(match value()?.as_str() {
-                    "mysql" => Kind::MySql,
-                    "sqlite" => Kind::Sqlite,
-                    other => return Err(format!("--store {other}: use mysql or sqlite")),
-                });
-            }
-            "--records" => args.records = positive(value()?)?,
-            "--expired" => args.expired = positive(value()?)?,
-            "--seconds" => args.seconds = positive(value()?)?,
-            "--rounds" => args.rounds = u32::try_from(positive(value()?)?).unwrap_or(u32::MAX),
-            "--connections" => args.connections = usize::try_from(positive(value()?)?).unwrap_or(1),
-            "--payload-bytes" => args.payload = positive(value()?)?,
-            "--url" => args.url = Some(value()?),
-            "-h" | "--help" => return Ok(None),
-            other => return Err(format!("unknown argument {other}; {USAGE}")),
-        }
-    }
-    args.kind = kind.ok_or(format!("--store is required; {USAGE}"))?;
-    Ok(Some(args))
-}
-
 fn main() -> std::process::ExitCode {
-    let args = match parse_args() {
+    let args = match growth_args::parse(USAGE, &[Kind::MySql, Kind::Sqlite], &["--payload-bytes"]) {
         Ok(Some(a)) => a,
         Ok(None) => {
             println!("{USAGE}");
@@ -223,6 +173,7 @@ async fn create(kind: Kind, server: &str, side: &'static str) -> Result<Side, St
                 place: name,
             })
         }
+        Kind::Postgres => Err(POSTGRES.to_owned()),
         Kind::Sqlite => {
             let path = format!("{server}/{name}.db");
             drop(
@@ -477,17 +428,38 @@ async fn sweep_batch(db: &Db) -> Result<u64, String> {
     })
 }
 
-/// Batches back to back until one comes back short: rows removed and the time taken.
-async fn sweep_pass(db: &Db) -> Result<(u64, Duration), String> {
+/// Batches until one comes back short, each followed by the pause the store's sweep
+/// would take (`SweepOptions::pause_after`; none with `--pause-ratio 0`): rows removed
+/// and the time taken.
+async fn sweep_pass(db: &Db, options: &SweepOptions) -> Result<(u64, Duration), String> {
     let started = Instant::now();
     let mut removed = 0;
     loop {
+        let began = Instant::now();
         let n = sweep_batch(db).await?;
         removed += n;
         if n < u64::try_from(BATCH).unwrap_or(u64::MAX) {
             return Ok((removed, started.elapsed()));
         }
+        tokio::time::sleep(options.pause_after(began.elapsed())).await;
     }
+}
+
+/// Inserts `args.expired` records that expired a minute ago and before (one
+/// millisecond apart), numbered from `*next` on, for a sweep pass to remove.
+async fn expire(db: &Db, tag: &str, next: &mut u64, args: &Args) -> Result<(), String> {
+    fill_many(
+        db,
+        tag,
+        *next,
+        args.expired,
+        payload_bytes(args)?,
+        -60_000,
+        -1,
+    )
+    .await?;
+    *next += args.expired;
+    Ok(())
 }
 
 // ---- the rounds ------------------------------------------------------------------------
@@ -525,6 +497,7 @@ async fn run(args: Args) -> Result<(), String> {
             .clone()
             .or_else(|| std::env::var("IDEMKEY_MYSQL_URL").ok())
             .unwrap_or_else(|| "mysql://root@127.0.0.1:3306/test".to_owned()),
+        Kind::Postgres => return Err(POSTGRES.to_owned()),
         Kind::Sqlite => {
             let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
             exe.parent()
@@ -547,8 +520,20 @@ async fn run(args: Args) -> Result<(), String> {
     result
 }
 
+/// The payload of each record (`--payload-bytes`, 100 unless given).
+fn payload_bytes(args: &Args) -> Result<u64, String> {
+    args.extra("--payload-bytes").map_or(Ok(100), |v| {
+        v.parse::<u64>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or(format!("--payload-bytes {v}: use a positive whole number"))
+    })
+}
+
 async fn measure(args: &Args, empty: &Side, full: &Side) -> Result<(), String> {
-    let payload = Arc::new(random_bytes(usize::try_from(args.payload).unwrap_or(100)));
+    let payload_len = payload_bytes(args)?;
+    let payload = Arc::new(random_bytes(usize::try_from(payload_len).unwrap_or(100)));
+    let options = args.sweep_options();
     let n = args.records;
     // Live records expiring over the next 90 % of a day, as a day of traffic leaves them.
     let step_ms = (RETENTION_MS * 9 / 10 / i64::try_from(n).unwrap_or(i64::MAX)).max(1);
@@ -559,7 +544,7 @@ async fn measure(args: &Args, empty: &Side, full: &Side) -> Result<(), String> {
         "live",
         1,
         n,
-        args.payload,
+        payload_len,
         RETENTION_MS / 10,
         step_ms,
     )
@@ -602,23 +587,14 @@ async fn measure(args: &Args, empty: &Side, full: &Side) -> Result<(), String> {
     }
     let (e, f) = (medians(&at_empty), medians(&at_full));
 
-    // The sweep alone; expired records a minute ago and before, one millisecond apart.
+    // The sweep alone.
     let mut next = 1;
-    fill_many(
-        &full.db,
-        "gone",
-        next,
-        args.expired,
-        args.payload,
-        -60_000,
-        -1,
-    )
-    .await?;
-    next += args.expired;
-    let (removed, took) = sweep_pass(&full.db).await?;
+    expire(&full.db, "gone", &mut next, args).await?;
+    let (removed, took) = sweep_pass(&full.db, &options).await?;
     let alone = removed as f64 / took.as_secs_f64().max(1e-9);
     println!(
-        "sweep alone: {removed} removed in {:.2} s ({alone:.0} rows/s)",
+        "sweep alone (pause ratio {}): {removed} removed in {:.2} s ({alone:.0} rows/s)",
+        args.pause_ratio,
         took.as_secs_f64()
     );
 
@@ -636,21 +612,10 @@ async fn measure(args: &Args, empty: &Side, full: &Side) -> Result<(), String> {
         };
         for sweep in order {
             if sweep {
-                let tag = format!("gone{r}");
-                fill_many(
-                    &full.db,
-                    &tag,
-                    next,
-                    args.expired,
-                    args.payload,
-                    -60_000,
-                    -1,
-                )
-                .await?;
-                next += args.expired;
+                expire(&full.db, &format!("gone{r}"), &mut next, args).await?;
                 let outcome = tokio::sync::Mutex::new(None);
                 let pass = async {
-                    *outcome.lock().await = Some(sweep_pass(&full.db).await);
+                    *outcome.lock().await = Some(sweep_pass(&full.db, &options).await);
                 };
                 let figures = round(&full.db, c, &payload, pass).await?;
                 let (removed, took) = outcome.into_inner().ok_or("the pass did not finish")??;
@@ -670,7 +635,7 @@ async fn measure(args: &Args, empty: &Side, full: &Side) -> Result<(), String> {
     }
     let (s, q) = (medians(&sweeping), medians(&quiet));
 
-    sweep_pass(&full.db).await?;
+    sweep_pass(&full.db, &options).await?;
     maintain(&full.db).await?;
     let (bytes_after, rows_after) = storage(&full.db).await?;
     let per_after = bytes_after / rows_after.max(1) as f64;
