@@ -20,7 +20,7 @@
 //!
 //! A third argument `prometheus` installs a Prometheus recorder first, so that a build
 //! with `--features metrics` measures the client's metrics against a real recorder
-//! (BENCHMARKS.md, "Cost of the metrics"). Its builder calibrates a clock in a loop
+//! (BENCHMARKS.md, "Cost of telemetry and metrics"). Its builder calibrates a clock in a loop
 //! bounded by wall time, which an instruction count should leave out: count `run` only,
 //! `--toggle-collect='client_overhead::run*'`.
 //!
