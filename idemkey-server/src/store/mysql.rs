@@ -344,6 +344,15 @@ fn dialect_of(version: &str) -> Dialect {
 }
 
 impl MySqlStore {
+    /// The statements of the request path, exactly as this store runs them: the claim (with `RETURNING` on MariaDB) and the completion.
+    /// For measuring tools that must run the store's own SQL (perf's SQL floor); not
+    /// part of the API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn request_path_sql(&self) -> (Arc<str>, Arc<str>) {
+        (self.sql.claim.clone(), self.sql.complete.clone())
+    }
+
     /// Removes at most `limit` expired records in one statement.
     async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {
         let done = sqlx::query(sql(&self.sql.sweep))

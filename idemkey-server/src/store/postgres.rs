@@ -469,6 +469,15 @@ impl PostgresStoreBuilder {
 }
 
 impl PostgresStore {
+    /// The statements of the request path, exactly as this store runs them: the claim and the completion.
+    /// For measuring tools that must run the store's own SQL (perf's SQL floor); not
+    /// part of the API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn request_path_sql(&self) -> (Arc<str>, Arc<str>) {
+        (self.sql.claim.clone(), self.sql.complete.clone())
+    }
+
     /// A builder for a store at `url` (`postgres://user[:password]@host[:port]/database`).
     #[must_use]
     pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {

@@ -276,6 +276,19 @@ impl SqliteStoreBuilder {
 }
 
 impl SqliteStore {
+    /// The statements of the request path, exactly as this store runs them: the read of a live record, the claim and the completion.
+    /// For measuring tools that must run the store's own SQL (perf's SQL floor); not
+    /// part of the API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn request_path_sql(&self) -> (Arc<str>, Arc<str>, Arc<str>) {
+        (
+            self.sql.live.clone(),
+            self.sql.claim.clone(),
+            self.sql.complete.clone(),
+        )
+    }
+
     /// Removes at most `limit` expired records in one statement (one short write
     /// transaction).
     async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {

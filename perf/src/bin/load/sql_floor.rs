@@ -17,7 +17,7 @@
 //!   key the claim and the completion on the one writing connection (WAL,
 //!   `synchronous = FULL`).
 //!
-//! The statements are the stores' own texts (`idemkey-server/src/store/`), on a table of
+//! The statements are the stores' own, read from the store (`request_path_sql`), on a table of
 //! the floor's own (`idemkey_floor_records`, made with the store's schema by the store's
 //! builder), so that the floor's keys and the verifier's never meet. The pool is sqlx's,
 //! with no ping as a connection is taken (`test_before_acquire(false)`): the least a
@@ -125,16 +125,6 @@ fn failed(what: &'static str) -> impl Fn(sqlx::Error) -> String {
     move |e| format!("the SQL floor: {what}: {e}")
 }
 
-/// `col = CASE WHEN <expired> THEN <new> ELSE <old col> END, ...`: the stores' takeover
-/// of an expired row that keeps a live one as it is.
-fn takeover(expired: &str, old: &str, columns: &[(&str, &str)]) -> String {
-    columns
-        .iter()
-        .map(|(col, new)| format!("{col} = CASE WHEN {expired} THEN {new} ELSE {old}{col} END"))
-        .collect::<Vec<_>>()
-        .join(",\n  ")
-}
-
 impl Db {
     async fn postgres(url: &str) -> Result<Self, String> {
         // The store's builder makes the table with the store's schema.
@@ -144,48 +134,7 @@ impl Db {
             .await
             .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
-        let t = TABLE;
-        let expired = "r.expires_at <= now()";
-        let sets = takeover(
-            expired,
-            "r.",
-            &[
-                ("taken_over", "r.payload IS NULL"),
-                ("fingerprint", "excluded.fingerprint"),
-                ("token", "excluded.token"),
-                ("payload", "NULL"),
-                ("expires_at", "excluded.expires_at"),
-                ("created", "excluded.created"),
-                ("retention", "excluded.retention"),
-                ("sweep_at", "excluded.sweep_at"),
-            ],
-        );
-        let remaining = "(extract(epoch FROM expires_at - now()) * 1000000)::bigint AS remaining";
-        let claim = format!(
-            "WITH live AS (
-  SELECT false AS won, taken_over, fingerprint, payload, {remaining}
-  FROM {t} WHERE id = $1::bytea AND expires_at > now()
-), claimed AS (
-  INSERT INTO {t} AS r (id, fingerprint, token, payload, taken_over, expires_at, created,
-    retention, sweep_at)
-  SELECT $1::bytea, $2::bytea, $3::bytea, NULL, false,
-    now() + $4::bigint * interval '1 microsecond', now(), $5::bigint,
-    now() + $5::bigint * interval '1 microsecond'
-  WHERE NOT EXISTS (SELECT 1 FROM live)
-  ON CONFLICT (id) DO UPDATE SET
-    {sets}
-  RETURNING coalesce(token = $3::bytea, false) AS won, taken_over, fingerprint, payload,
-    {remaining}
-)
-SELECT * FROM claimed UNION ALL SELECT * FROM live"
-        );
-        let complete = format!(
-            "UPDATE {t} SET payload = $3, token = NULL,
-  expires_at = now() + $4 * interval '1 microsecond',
-  sweep_at = least(sweep_at, now() + $4 * interval '1 microsecond')
-WHERE id = $1 AND token = $2 AND payload IS NULL
-  AND expires_at + retention * interval '1 microsecond' > now()"
-        );
+        let (claim, complete) = store.request_path_sql();
         let client = match std::env::var("LOAD_SQL_FLOOR").as_deref() {
             Err(_) | Ok("pool") => Pg::Pool(
                 sqlx::postgres::PgPoolOptions::new()
@@ -249,8 +198,8 @@ WHERE id = $1 AND token = $2 AND payload IS NULL
             client,
             Statements {
                 live: "".into(),
-                claim: claim.into(),
-                complete: complete.into(),
+                claim,
+                complete,
             },
         ))
     }
@@ -278,41 +227,13 @@ WHERE id = $1 AND token = $2 AND payload IS NULL
                  server is {version}"
             ));
         }
-        let t = TABLE;
-        let now = "UTC_TIMESTAMP(6)";
-        let sets = takeover(
-            &format!("expires_at <= {now}"),
-            "",
-            &[
-                ("taken_over", "payload IS NULL"),
-                ("fingerprint", "VALUES(fingerprint)"),
-                ("token", "VALUES(token)"),
-                ("payload", "NULL"),
-                ("completed", "FALSE"),
-                ("created_at", "VALUES(created_at)"),
-                ("purge_at", "VALUES(purge_at)"),
-                ("expires_at", "VALUES(expires_at)"),
-            ],
-        );
-        let claim = format!(
-            "INSERT INTO {t} (id, fingerprint, token, payload, completed, taken_over, created_at, expires_at, purge_at)
-VALUES (?, ?, ?, NULL, FALSE, FALSE, {now}, {now} + INTERVAL ? MICROSECOND, {now} + INTERVAL ? MICROSECOND)
-ON DUPLICATE KEY UPDATE
-  {sets}
-RETURNING token <=> ? AS won, taken_over, fingerprint, payload,
-  TIMESTAMPDIFF(MICROSECOND, {now}, expires_at) AS remaining"
-        );
-        let complete = format!(
-            "UPDATE {t} SET payload = ?, token = NULL, completed = TRUE,
-  expires_at = {now} + INTERVAL ? MICROSECOND, purge_at = {now} + INTERVAL ? MICROSECOND
-WHERE id = ? AND token = ? AND completed = FALSE AND purge_at > {now}"
-        );
+        let (claim, complete) = store.request_path_sql();
         Ok(Db::MySql(
             pool,
             Statements {
                 live: "".into(),
-                claim: claim.into(),
-                complete: complete.into(),
+                claim,
+                complete,
             },
         ))
     }
@@ -324,6 +245,7 @@ WHERE id = ? AND token = ? AND completed = FALSE AND purge_at > {now}"
             .open()
             .await
             .map_err(|e| e.to_string())?;
+        let (live, claim, complete) = store.request_path_sql();
         store.close().await;
         let options = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(path)
@@ -338,41 +260,10 @@ WHERE id = ? AND token = ? AND completed = FALSE AND purge_at > {now}"
         };
         let writer = pool(1).await.map_err(failed("opening"))?;
         let readers = pool(4).await.map_err(failed("opening"))?;
-        let t = TABLE;
-        let sets = takeover(
-            "expires_at <= $1",
-            "",
-            &[
-                ("taken_over", "payload IS NULL"),
-                ("fingerprint", "excluded.fingerprint"),
-                ("token", "excluded.token"),
-                ("payload", "NULL"),
-                ("expires_at", "excluded.expires_at"),
-                ("created", "excluded.created"),
-                ("retention", "excluded.retention"),
-            ],
-        );
         let statements = Statements {
-            live: format!(
-                "SELECT 0 AS won, taken_over, fingerprint, payload, expires_at - $1 AS remaining
-FROM {t} WHERE id = $2 AND expires_at > $1"
-            )
-            .into(),
-            claim: format!(
-                "INSERT INTO {t} (id, fingerprint, token, payload, taken_over, expires_at, created,
-  retention)
-VALUES ($2, $3, $4, NULL, 0, $1 + $5, $1, $6)
-ON CONFLICT (id) DO UPDATE SET
-  {sets}
-RETURNING coalesce(token = $4, 0) AS won, taken_over, fingerprint, payload,
-  expires_at - $1 AS remaining"
-            )
-            .into(),
-            complete: format!(
-                "UPDATE {t} SET payload = $4, token = NULL, expires_at = $1 + $5
-WHERE id = $2 AND token = $3 AND payload IS NULL AND expires_at + retention > $1"
-            )
-            .into(),
+            live,
+            claim,
+            complete,
         };
         Ok(Db::Sqlite {
             readers,
