@@ -311,9 +311,11 @@ async fn statements_of<F: std::future::Future<Output = ()>>(
 async fn fresh_request_costs_two_statements_and_replay_one() {
     // A private server, so that its counters count this test's statements only.
     let server = support::MariaDbServer::start();
+    // The least budget: one connection for requests, opened (and its set-up done)
+    // at connect, one for the migration.
     let store = MySqlStore::builder(server.url())
         .table("idemkey_count")
-        .max_connections(1)
+        .max_connections(2)
         .connect()
         .await
         .expect("connect to the private MariaDB");
@@ -363,4 +365,153 @@ async fn fresh_request_costs_two_statements_and_replay_one() {
         "a duplicate of a running request: one claim"
     );
     // SHOW STATUS counts itself as Com_show_status, not among these counters.
+}
+
+/// A private MariaDB whose database `store` holds only the store's sessions (the
+/// test's own connections use `mysql`), a store on it, and a pool beside it for the
+/// test (2 connections: one to hold a lock, one to look).
+async fn private_store(
+    server: &support::MariaDbServer,
+    configure: impl FnOnce(idemkey::store::MySqlStoreBuilder) -> idemkey::store::MySqlStoreBuilder,
+) -> (MySqlStore, sqlx::MySqlPool) {
+    let admin = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect(&server.url())
+        .await
+        .expect("connect to the private MariaDB");
+    sqlx::raw_sql("CREATE DATABASE store")
+        .execute(&admin)
+        .await
+        .expect("create the store's database");
+    let url = server.url().replace("/mysql", "/store");
+    let store = configure(MySqlStore::builder(url).table("idemkey_records"))
+        .connect()
+        .await
+        .expect("connect to the private MariaDB");
+    store.migrate().await.expect("migrate");
+    (store, admin)
+}
+
+/// The store's sessions whose statement (`INFO` starting with `statement`) waits for
+/// the table's lock, once there are `n` of them.
+async fn lock_waiters(admin: &sqlx::MySqlPool, statement: &str, n: usize) -> Vec<i64> {
+    loop {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'store'
+             AND STATE LIKE '%lock%' AND INFO LIKE CONCAT(?, '%')",
+        )
+        .bind(statement)
+        .fetch_all(admin)
+        .await
+        .expect("read the process list");
+        if ids.len() >= n {
+            return ids;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The ids of the store's sessions.
+async fn store_sessions(admin: &sqlx::MySqlPool) -> Vec<i64> {
+    sqlx::query_scalar("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'store'")
+        .fetch_all(admin)
+        .await
+        .expect("read the process list")
+}
+
+/// Takes the store's table from every other session until the connection is dropped
+/// (closed) or unlocks.
+async fn lock_table(admin: &sqlx::MySqlPool) -> sqlx::pool::PoolConnection<sqlx::MySql> {
+    let mut lock = admin.acquire().await.expect("a connection");
+    sqlx::raw_sql("LOCK TABLES store.idemkey_records WRITE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock the table");
+    lock
+}
+
+async fn unlock(mut lock: sqlx::pool::PoolConnection<sqlx::MySql>) {
+    sqlx::raw_sql("UNLOCK TABLES")
+        .execute(&mut *lock)
+        .await
+        .expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cancelled_mid_statement_closes_its_connection_and_the_next_is_served() {
+    let server = support::MariaDbServer::start();
+    // 3 connections: 1 for requests, so the next request would reuse the cancelled one.
+    let (store, admin) = private_store(&server, |b| b.max_connections(3)).await;
+    let lock = lock_table(&admin).await;
+    let claiming = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let id = RecordId::new("t", "cancelled");
+            store
+                .claim(request(&id, b"fp", FencingToken::random()))
+                .await
+        }
+    });
+    // The claim's statement is on the server, waiting for the lock: drop the request.
+    lock_waiters(&admin, "INSERT", 1).await;
+    // The cancelled claim's session and the one that made the table.
+    let before = store_sessions(&admin).await;
+    claiming.abort();
+    assert!(claiming.await.expect_err("aborted").is_cancelled());
+    unlock(lock).await;
+
+    let (id, token) = (RecordId::new("t", "next"), FencingToken::random());
+    assert_eq!(
+        store
+            .claim(request(&id, b"fp", token))
+            .await
+            .expect("claim"),
+        Claim::Acquired { takeover: false }
+    );
+    store
+        .complete(&id, token, "reply".into(), LONG)
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .claim(request(&id, b"fp", FencingToken::random()))
+            .await
+            .expect("replay"),
+        Claim::Completed {
+            fingerprint: Bytes::from_static(b"fp"),
+            payload: Bytes::from_static(b"reply")
+        }
+    );
+    // A new session served them: the cancelled one was not handed out again.
+    let sessions = store_sessions(&admin).await;
+    assert!(
+        sessions.iter().any(|id| !before.contains(id)),
+        "the store's sessions {sessions:?}, before the next request {before:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_budget_holds_and_a_request_waits_at_most_acquire_timeout() {
+    let server = support::MariaDbServer::start();
+    // 5 connections: 3 for requests, 2 for the rest (a sweep pass takes both).
+    let (store, admin) = private_store(&server, |b| {
+        b.max_connections(5)
+            .acquire_timeout(Duration::from_millis(200))
+    })
+    .await;
+    let lock = lock_table(&admin).await;
+    let mut crowd = support::busy_store::Crowd::start(std::sync::Arc::new(store), 8);
+    // Every connection is busy: the 3 request connections and the sweep's batch wait
+    // for the lock (the sweep's lock connection beside it). The 5 other claims, and a
+    // second sweep, wait for a connection and give up after the timeout.
+    lock_waiters(&admin, "INSERT", 3).await;
+    lock_waiters(&admin, "DELETE", 1).await;
+    crowd.expect_refused(3, 5).await;
+    assert_eq!(
+        store_sessions(&admin).await.len(),
+        5,
+        "the store holds its budget, no more"
+    );
+    unlock(lock).await;
+    crowd.expect_served().await;
 }

@@ -671,3 +671,162 @@ async fn renewals_and_completions_are_heap_only_updates() {
     admin.close().await;
     support::drop_postgres_table(&table).await;
 }
+
+/// A store on the shared PostgreSQL whose sessions carry `app` as their
+/// `application_name` (so that `pg_stat_activity` tells them apart from every other
+/// test's), with its own table (created), and a pool beside it for the test.
+async fn store_named(
+    app: &str,
+    table: &str,
+    configure: impl FnOnce(idemkey::store::PostgresStoreBuilder) -> idemkey::store::PostgresStoreBuilder,
+) -> (PostgresStore, sqlx::PgPool) {
+    let base = support::postgres_url();
+    let joint = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{joint}application_name={app}");
+    let store = configure(PostgresStore::builder(url).table(table))
+        .connect()
+        .await
+        .expect("connect to the shared PostgreSQL");
+    store.migrate().await.expect("create the test table");
+    (
+        store,
+        support::postgres_admin(&support::postgres_url()).await,
+    )
+}
+
+/// The sessions of `app` whose statement waits for a lock, once there are `n` of them.
+async fn lock_waiters(admin: &sqlx::PgPool, app: &str, n: usize) -> Vec<i32> {
+    loop {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1
+             AND wait_event_type = 'Lock'",
+        )
+        .bind(app)
+        .fetch_all(admin)
+        .await
+        .expect("read pg_stat_activity");
+        if pids.len() >= n {
+            return pids;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Takes `table` from every other session until the transaction ends.
+async fn lock_table(
+    admin: &sqlx::PgPool,
+    table: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut lock = admin.begin().await.expect("begin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE \"{table}\" IN ACCESS EXCLUSIVE MODE"
+    )))
+    .execute(&mut *lock)
+    .await
+    .expect("lock the table");
+    lock
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cancelled_mid_statement_closes_its_connection_and_the_next_is_served() {
+    let (table, app) = (
+        support::unique("idemkey_cancel"),
+        support::unique("idemkey_cancel"),
+    );
+    // 3 connections: 1 for requests, so the next request would reuse the cancelled one.
+    let (store, admin) = store_named(&app, &table, |b| b.max_connections(3)).await;
+    let lock = lock_table(&admin, &table).await;
+    let cancelled = RecordId::new("t", "cancelled");
+    let claiming = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let token = FencingToken::random();
+            store
+                .claim(ClaimRequest {
+                    id: &cancelled,
+                    fingerprint: b"fp",
+                    token,
+                    lease: Duration::from_secs(60),
+                    retention: Duration::from_secs(60),
+                })
+                .await
+        }
+    });
+    // The claim's statement is on the server, waiting for the lock: drop the request.
+    let blocked = lock_waiters(&admin, &app, 1).await;
+    claiming.abort();
+    assert!(claiming.await.expect_err("aborted").is_cancelled());
+    lock.rollback().await.expect("unlock");
+
+    let (id, token) = (RecordId::new("t", "next"), FencingToken::random());
+    let claim = |token| ClaimRequest {
+        id: &id,
+        fingerprint: b"fp",
+        token,
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(60),
+    };
+    assert_eq!(
+        store.claim(claim(token)).await.expect("claim"),
+        Claim::Acquired { takeover: false }
+    );
+    store
+        .complete(&id, token, "reply".into(), Duration::from_secs(60))
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .claim(claim(FencingToken::random()))
+            .await
+            .expect("replay"),
+        Claim::Completed {
+            fingerprint: "fp".into(),
+            payload: "reply".into()
+        }
+    );
+    // The replay ran on a new session: the cancelled one was not handed out again.
+    let served: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1
+         AND state = 'idle' AND query LIKE 'WITH live AS%'",
+    )
+    .bind(&app)
+    .fetch_all(&admin)
+    .await
+    .expect("read pg_stat_activity");
+    assert!(
+        served.iter().any(|pid| !blocked.contains(pid)),
+        "the replay ran on {served:?}, the cancelled claim on {blocked:?}"
+    );
+    support::drop_postgres_table(&table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_budget_holds_and_a_request_waits_at_most_acquire_timeout() {
+    let (table, app) = (
+        support::unique("idemkey_budget"),
+        support::unique("idemkey_budget"),
+    );
+    // 5 connections: 3 for requests, 2 for the rest (a sweep pass takes both).
+    let (store, admin) = store_named(&app, &table, |b| {
+        b.max_connections(5)
+            .acquire_timeout(Duration::from_millis(200))
+    })
+    .await;
+    let lock = lock_table(&admin, &table).await;
+    let mut crowd = support::busy_store::Crowd::start(std::sync::Arc::new(store), 8);
+    // Every connection is busy: the 3 request connections and the sweep's batch wait
+    // for the lock (the sweep's lock connection beside it). The 5 other claims, and a
+    // second sweep, wait for a connection and give up after the timeout.
+    lock_waiters(&admin, &app, 4).await;
+    crowd.expect_refused(3, 5).await;
+    let sessions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+            .bind(&app)
+            .fetch_one(&admin)
+            .await
+            .expect("read pg_stat_activity");
+    assert_eq!(sessions, 5, "the store holds its budget, no more");
+    lock.rollback().await.expect("unlock");
+    crowd.expect_served().await;
+    support::drop_postgres_table(&table).await;
+}

@@ -30,6 +30,8 @@
 )]
 
 pub(crate) mod apps;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod busy_store;
 pub(crate) mod client;
 pub(crate) mod examples;
 pub(crate) mod gate;

@@ -60,6 +60,8 @@ mod postgres;
 mod quota;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod request_pool;
 pub mod sizing;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) mod sql;

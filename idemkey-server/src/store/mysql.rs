@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::AssertSqlSafe;
-use sqlx::mysql::{MySql, MySqlPool, MySqlRow};
+use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::pool::PoolConnection;
 
+use super::request_pool::{RequestPool, split_budget};
 use super::sql::{
     DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, pool_options, sql,
     sweep_lock_name, takeover_sets, unavailable,
@@ -26,6 +27,10 @@ const MAX_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
 const CLAIM_ATTEMPTS: usize = 3;
 /// "Now" in every statement: the database's clock, in UTC.
 const NOW: &str = "UTC_TIMESTAMP(6)";
+/// The connections of the store's budget ([`MySqlStoreBuilder::max_connections`]) kept
+/// off the request path, for migrations, sweeps (a pass holds two: its lock's and its
+/// batches') and the admin operations.
+const OTHER_CONNECTIONS: u32 = 2;
 
 /// How the claim returns the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +44,7 @@ enum Dialect {
 /// A store shared by every instance of an application through one MySQL or MariaDB
 /// database.
 ///
-/// Cheap to clone (clones share one connection pool). Connection failures and pool
+/// Cheap to clone (clones share its connections). Connection failures and pool
 /// timeouts are [`StoreError::is_unavailable`], so the verifier answers 503 while the
 /// database is down and resumes by itself when it is back. Below: the schema and the
 /// statements.
@@ -120,7 +125,10 @@ enum Dialect {
 /// MySQL 8); the verifier stores responses up to 1 MiB by default.
 #[derive(Clone)]
 pub struct MySqlStore {
+    /// Everything off the request path: migrations, sweeps, admin.
     pool: MySqlPool,
+    /// The request path: claim, complete, renew, release.
+    requests: RequestPool<MySqlConnection>,
     table: TableName,
     dialect: Dialect,
     sql: Arc<Statements>,
@@ -259,15 +267,30 @@ impl MySqlStoreBuilder {
         self
     }
 
-    /// The size of the connection pool (default 16).
+    /// The most connections the store holds to the database at once (default 16, at
+    /// least 2): all but 2 serve the request path (claim, complete, renew, release),
+    /// the other 2 migrations, sweeps (a pass takes two) and the admin operations,
+    /// each on a pool of its own so that neither waits for the other. With 2, each
+    /// side has one. Connections are opened on demand (one at
+    /// [`connect`](Self::connect)) and those of the request path stay open; the others
+    /// close after 10 minutes idle. A connection cut while its statement runs (a
+    /// request cancelled) is closed at once and the server may keep its session until
+    /// it notices.
+    ///
+    /// ```
+    /// // 30 for requests, 2 for the rest.
+    /// let builder = idemkey::store::MySqlStore::builder("mysql://localhost/app")
+    ///     .max_connections(32);
+    /// # let _ = builder;
+    /// ```
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
         self
     }
 
-    /// How long a request waits for a pooled connection before it gets a 503
-    /// (default 3 s).
+    /// How long a store operation waits for a connection, including the time to open
+    /// one, before it fails as unavailable: the verifier answers 503 (default 3 s).
     #[must_use]
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
@@ -288,34 +311,43 @@ impl MySqlStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_configuration`] when the table name or the URL is invalid, or
-    /// the server refuses the URL's database, user or password;
-    /// [`StoreError::is_unavailable`] when the server cannot be reached (the message
-    /// names the host and port tried).
+    /// [`StoreError::is_configuration`] when the table name or the URL is invalid,
+    /// `max_connections` is below 2, or the server refuses the URL's database, user
+    /// or password; [`StoreError::is_unavailable`] when the server cannot be reached
+    /// (the message names the host and port tried).
     pub async fn connect(self) -> Result<MySqlStore, StoreError> {
         let table = TableName::parse(&self.table)?;
         let options = sqlx::mysql::MySqlConnectOptions::from_str(&self.url)
             .map_err(|e| connect_failed("MySQL", "?", e))?;
         let at = format!("{}:{}", options.get_host(), options.get_port());
-        let pool = pool_options::<MySql>()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .connect_with(options)
+        let (for_requests, for_others) =
+            split_budget("MySQL", self.max_connections, OTHER_CONNECTIONS)?;
+        let requests = RequestPool::new(options.clone(), for_requests, self.acquire_timeout)?;
+        requests
+            .open_one()
             .await
             .map_err(|e| connect_failed("MySQL", &at, e))?;
+        // Opened on demand: the request path's first connection checked the URL.
+        let pool = pool_options::<MySql>()
+            .max_connections(for_others)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(options);
         let dialect = match self.dialect {
             Some(dialect) => dialect,
             None => {
-                let version: String = sqlx::query_scalar("SELECT VERSION()")
-                    .fetch_one(&pool)
-                    .await
-                    .map_err(|e| unavailable("MySQL: reading the server version", e))?;
+                let what = "MySQL: reading the server version";
+                let mut conn = requests.get(what).await?;
+                let version = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(conn.conn())
+                    .await;
+                let version: String = conn.finish(version).map_err(|e| unavailable(what, e))?;
                 dialect_of(&version)
             }
         };
         let sql = Arc::new(Statements::new(&table.backquoted(), dialect));
         Ok(MySqlStore {
             pool,
+            requests,
             table,
             dialect,
             sql,
@@ -351,6 +383,19 @@ impl MySqlStore {
     #[must_use]
     pub fn request_path_sql(&self) -> (Arc<str>, Arc<str>) {
         (self.sql.claim.clone(), self.sql.complete.clone())
+    }
+
+    /// Runs the fenced write `q` (complete, renew, release) on a request connection.
+    /// The connection reports rows matched, not changed (sqlx sets
+    /// `CLIENT_FOUND_ROWS`): a renewal to the same instant still counts.
+    async fn fenced_write(
+        &self,
+        what: &str,
+        q: sqlx::query::Query<'_, MySql, MySqlArguments>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.requests.get(what).await?;
+        let done = q.execute(conn.conn()).await.map(|r| r.rows_affected());
+        fenced(what, conn.finish(done))
     }
 
     /// Removes at most `limit` expired records in one statement.
@@ -454,7 +499,9 @@ impl MySqlStore {
     async fn claim_row(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let lease = micros(req.lease);
         let keep = lease.saturating_add(micros(req.retention)).min(2 * MAX_US);
-        let failed = |e| unavailable("MySQL: claiming a record", e);
+        let what = "MySQL: claiming a record";
+        let failed = |e| unavailable(what, e);
+        let mut conn = self.requests.get(what).await?;
         match self.dialect {
             Dialect::Returning => {
                 let row = sqlx::query(sql(&self.sql.claim))
@@ -464,9 +511,9 @@ impl MySqlStore {
                     .bind(lease)
                     .bind(keep)
                     .bind(req.token.to_bytes().as_slice())
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(failed)?;
+                    .fetch_one(conn.conn())
+                    .await;
+                let row = conn.finish(row).map_err(failed)?;
                 decode_claim(&row, Duration::from_micros)
             }
             Dialect::InsertThenSelect => {
@@ -488,15 +535,23 @@ impl MySqlStore {
                     "{insert};\nSELECT token <=> {token} AS won, {}{id}",
                     self.sql.claimed_row
                 );
+                let mut claimed: Result<Option<MySqlRow>, sqlx::Error> = Ok(None);
                 for _ in 0..CLAIM_ATTEMPTS {
-                    let rows: Vec<MySqlRow> = sqlx::raw_sql(AssertSqlSafe(text.as_str()))
-                        .fetch_all(&self.pool)
+                    match sqlx::raw_sql(AssertSqlSafe(text.as_str()))
+                        .fetch_all(conn.conn())
                         .await
-                        .map_err(failed)?;
-                    if let Some(row) = rows.first() {
-                        return decode_claim(row, Duration::from_micros);
+                    {
+                        Ok(rows) if rows.is_empty() => {
+                            // Released between the two statements: claim again.
+                        }
+                        found => {
+                            claimed = found.map(|rows| rows.into_iter().next());
+                            break;
+                        }
                     }
-                    // Released between the two statements: claim again.
+                }
+                if let Some(row) = conn.finish(claimed).map_err(failed)? {
+                    return decode_claim(&row, Duration::from_micros);
                 }
                 Err(StoreError::unavailable(
                     format!(
@@ -538,12 +593,7 @@ impl Store for MySqlStore {
             .bind(micros(retention))
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice());
-        // The connection reports rows matched, not changed (sqlx sets
-        // CLIENT_FOUND_ROWS): a renewal to the same instant still counts.
-        fenced(
-            "MySQL: completing a record",
-            q.execute(&self.pool).await.map(|done| done.rows_affected()),
-        )
+        self.fenced_write("MySQL: completing a record", q).await
     }
 
     async fn renew(
@@ -557,24 +607,14 @@ impl Store for MySqlStore {
             .bind(micros(lease))
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice());
-        // The connection reports rows matched, not changed (sqlx sets
-        // CLIENT_FOUND_ROWS): a renewal to the same instant still counts.
-        fenced(
-            "MySQL: renewing a lease",
-            q.execute(&self.pool).await.map(|done| done.rows_affected()),
-        )
+        self.fenced_write("MySQL: renewing a lease", q).await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         let q = sqlx::query(sql(&self.sql.release))
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice());
-        // The connection reports rows matched, not changed (sqlx sets
-        // CLIENT_FOUND_ROWS): a renewal to the same instant still counts.
-        fenced(
-            "MySQL: releasing a record",
-            q.execute(&self.pool).await.map(|done| done.rows_affected()),
-        )
+        self.fenced_write("MySQL: releasing a record", q).await
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {

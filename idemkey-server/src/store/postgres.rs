@@ -31,10 +31,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnection, PgListener, PgPool, Postgres};
+use sqlx::postgres::{PgArguments, PgConnection, PgListener, PgPool, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
+use super::request_pool::{RequestPool, split_budget};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
     fenced, pool_options, sql, sweep_lock_name, unavailable,
@@ -47,7 +48,7 @@ use super::{
 
 /// A store shared by every instance of an application through one PostgreSQL database.
 ///
-/// Cheap to clone (clones share one connection pool). Connection failures and pool
+/// Cheap to clone (clones share its connections). Connection failures and pool
 /// timeouts are [`StoreError::is_unavailable`], so the verifier answers 503 while the
 /// database is down and resumes by itself when it is back.
 ///
@@ -137,7 +138,10 @@ use super::{
 /// sizes after many sweeps).
 #[derive(Clone)]
 pub struct PostgresStore {
+    /// Everything off the request path: migrations, sweeps, `LISTEN`, admin.
     pool: PgPool,
+    /// The request path: claim, complete, renew, release.
+    requests: RequestPool<PgConnection>,
     table: TableName,
     sql: Arc<Statements>,
     inbox_retention: Duration,
@@ -161,6 +165,12 @@ const RELOPTIONS: [&str; 4] = [
 /// which completions and renewals change, and on in-progress rows, whose predicate
 /// completions change; either made every completion write a new entry in every index.
 const DROPPED_INDEXES: [&str; 2] = ["expires_at", "in_progress"];
+
+/// The connections of the store's budget ([`PostgresStoreBuilder::max_connections`])
+/// kept off the request path, for migrations, sweeps (a pass holds two: its lock's and
+/// its batches') and the admin operations; one more with
+/// [`PostgresStoreBuilder::notify`], for `LISTEN`.
+const OTHER_CONNECTIONS: u32 = 2;
 
 /// The channel complete and release notify (with `notify(true)`), the record id in hex
 /// as payload.
@@ -386,15 +396,31 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The size of the connection pool (default 16).
+    /// The most connections the store holds to the database at once (default 16, at
+    /// least 2): all but 2 (3 with [`notify`](Self::notify)) serve the request path
+    /// (claim, complete, renew, release), the others migrations, sweeps (a pass takes
+    /// two), `LISTEN` and the admin operations, each on a pool of its own so that
+    /// neither waits for the other. With fewer than 3 (4 with `notify`), the request
+    /// path keeps one and the rest share what is left. Connections are opened on demand
+    /// (one at [`connect`](Self::connect)) and those of the request path stay open;
+    /// the others close after 10 minutes idle. A connection cut while its statement
+    /// runs (a request cancelled) is closed at once and the database may keep its
+    /// session until it notices.
+    ///
+    /// ```
+    /// // 30 for requests, 2 for the rest.
+    /// let builder = idemkey::store::PostgresStore::builder("postgres://localhost/app")
+    ///     .max_connections(32);
+    /// # let _ = builder;
+    /// ```
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
         self
     }
 
-    /// How long a request waits for a pooled connection before it gets a 503
-    /// (default 3 s).
+    /// How long a store operation waits for a connection, including the time to open
+    /// one, before it fails as unavailable: the verifier answers 503 (default 3 s).
     #[must_use]
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
@@ -435,8 +461,9 @@ impl PostgresStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_configuration`] when the table name or the URL is invalid, or
-    /// the server refuses the URL's database, user or password;
+    /// [`StoreError::is_configuration`] when the table name or the URL is invalid,
+    /// `max_connections` is below 2, or the server refuses the URL's database, user
+    /// or password;
     /// [`StoreError::is_unavailable`] when the server cannot be reached (the message
     /// names the host and port tried).
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
@@ -444,12 +471,21 @@ impl PostgresStoreBuilder {
         let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)
             .map_err(|e| connect_failed("PostgreSQL", "?", e))?;
         let at = format!("{}:{}", options.get_host(), options.get_port());
-        let pool = pool_options::<Postgres>()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .connect_with(options)
+        let (for_requests, for_others) = split_budget(
+            "PostgreSQL",
+            self.max_connections,
+            OTHER_CONNECTIONS + u32::from(self.notify),
+        )?;
+        let requests = RequestPool::new(options.clone(), for_requests, self.acquire_timeout)?;
+        requests
+            .open_one()
             .await
             .map_err(|e| connect_failed("PostgreSQL", &at, e))?;
+        // Opened on demand: the request path's first connection checked the URL.
+        let pool = pool_options::<Postgres>()
+            .max_connections(for_others)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(options);
         let sql = Arc::new(Statements::new(table.quoted(), self.notify));
         let notifier = self.notify.then(|| {
             Arc::new(Notifier {
@@ -459,6 +495,7 @@ impl PostgresStoreBuilder {
         });
         Ok(PostgresStore {
             pool,
+            requests,
             table,
             sql,
             inbox_retention: self.inbox_retention,
@@ -660,15 +697,17 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let what = "PostgreSQL: claiming a record";
+        let mut conn = self.requests.get(what).await?;
         let row = sqlx::query(sql(&self.sql.claim))
             .bind(req.id.as_bytes().as_slice())
             .bind(req.fingerprint)
             .bind(req.token.to_bytes().as_slice())
             .bind(micros(req.lease))
             .bind(micros(req.retention))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| unavailable("PostgreSQL: claiming a record", e))?;
+            .fetch_one(conn.conn())
+            .await;
+        let row = conn.finish(row).map_err(|e| unavailable(what, e))?;
         decode_claim(&row, Duration::from_micros)
     }
 
@@ -684,8 +723,8 @@ impl Store for PostgresStore {
             .bind(token.to_bytes().as_slice())
             .bind(payload.as_ref())
             .bind(micros(retention));
-        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
-        fenced("PostgreSQL: completing a record", done)
+        self.fenced_write("PostgreSQL: completing a record", q)
+            .await
     }
 
     async fn renew(
@@ -698,16 +737,14 @@ impl Store for PostgresStore {
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice())
             .bind(micros(lease));
-        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
-        fenced("PostgreSQL: renewing a lease", done)
+        self.fenced_write("PostgreSQL: renewing a lease", q).await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
         let q = sqlx::query(sql(&self.sql.release))
             .bind(id.as_bytes().as_slice())
             .bind(token.to_bytes().as_slice());
-        let done = q.execute(&self.pool).await.map(|r| r.rows_affected());
-        fenced("PostgreSQL: releasing a record", done)
+        self.fenced_write("PostgreSQL: releasing a record", q).await
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
@@ -770,6 +807,17 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
+    /// Runs the fenced write `q` (complete, renew, release) on a request connection.
+    async fn fenced_write(
+        &self,
+        what: &str,
+        q: sqlx::query::Query<'_, Postgres, PgArguments>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.requests.get(what).await?;
+        let done = q.execute(conn.conn()).await.map(|r| r.rows_affected());
+        fenced(what, conn.finish(done))
+    }
+
     /// Removes at most `limit` expired records, and dates at most `limit` rows written
     /// before `sweep_at` existed, in one statement.
     async fn sweep_batch(&self, limit: u32) -> Result<Batch, StoreError> {

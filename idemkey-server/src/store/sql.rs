@@ -19,10 +19,12 @@ pub(crate) const DEFAULT_TABLE: &str = "idemkey_records";
 pub(crate) const ADDED_COLUMNS: [&str; 2] = ["created", "retention"];
 
 /// How long a pooled connection may have sat idle before the pool checks it (a ping)
-/// as it hands it out; see [`pool_options`].
+/// as it hands it out; see [`pool_options`] and the request path's pool
+/// (`request_pool.rs`).
 pub(crate) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
 
-/// The pool options of every SQL store: sqlx's, except that a connection is checked
+/// The options of the SQL stores' sqlx pools (SQLite's connections; the PostgreSQL and
+/// MySQL stores' connections off the request path): sqlx's, except that a connection is checked
 /// with a ping as it is taken from the pool only when it has been idle for more than
 /// [`CHECK_AFTER_IDLE`], not every time (sqlx's default, `test_before_acquire`, is a
 /// round trip to the database before every statement: on PostgreSQL a third of a

@@ -1,0 +1,231 @@
+//! The connections of the PostgreSQL and MySQL stores' request path (claim, complete,
+//! renew, release): a pool that checks a connection only when it has sat idle, and
+//! never as it takes one back.
+//!
+//! sqlx's pool pings every connection it takes back (sqlx-core 0.9
+//! `src/pool/connection.rs`, `Floating::return_to_pool`: an unconditional
+//! `raw.ping()`, with no option to turn it off), so each statement cost two round
+//! trips. This pool is deadpool's generic `managed::Pool` over sqlx connections:
+//! `create` opens one, `recycle` pings one that sat idle for more than
+//! [`CHECK_AFTER_IDLE`] and hands any other out as it is. The check of a busy pool's
+//! connections is their use: a statement that fails on a broken connection fails its
+//! request with the store's unavailable answer (503), and the connection is closed.
+//!
+//! What sqlx's ping on return did besides is done here by [`Pooled`]: a connection
+//! goes back to the pool only when its statement ran to the end, successfully or with
+//! an error that leaves the session usable (the database's own error, no row).
+//! A request dropped while its statement is in flight (the client went away, a
+//! timeout) closes the connection instead, as does an I/O or protocol error: sqlx
+//! itself says such a connection "is likely to be left in an inconsistent state"
+//! (the comment above that ping). Closing costs the next request a new connection, at
+//! a cancellation only.
+//!
+//! Everything else (migrations, sweeps, `LISTEN`, the admin operations) stays on the
+//! store's sqlx pool; the two pools share the store's connection budget
+//! ([`split_budget`]).
+
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
+use sqlx::{ConnectOptions, Connection};
+
+use super::StoreError;
+use super::sql::{CHECK_AFTER_IDLE, describe};
+
+/// How the store's `max_connections` is shared: `others` (or all but one, when the
+/// budget is smaller) for the sqlx pool of everything off the request path, the rest
+/// for the request path. The two never hold more than `total` connections together.
+///
+/// # Errors
+///
+/// A configuration error when `total` is below 2: each pool needs a connection.
+pub(crate) fn split_budget(db: &str, total: u32, others: u32) -> Result<(u32, u32), StoreError> {
+    if total < 2 {
+        return Err(StoreError::configuration(format!(
+            "{db}: max_connections is {total}; it must be at least 2 (one for requests, \
+             one for migrations, sweeps and the admin operations); {} or more lets a \
+             sweep run beside them",
+            others + 1
+        )));
+    }
+    let others = others.clamp(1, total - 1);
+    Ok((total - others, others))
+}
+
+/// Opens and checks the connections of a [`RequestPool`].
+pub(crate) struct Manager<C: Connection> {
+    options: <C as Connection>::Options,
+}
+
+impl<C: Connection> managed::Manager for Manager<C> {
+    type Type = C;
+    type Error = sqlx::Error;
+
+    async fn create(&self) -> Result<C, sqlx::Error> {
+        self.options.connect().await
+    }
+
+    /// A ping only for a connection last handed out more than [`CHECK_AFTER_IDLE`]
+    /// ago; one that fails it is closed, and the pool takes or opens another.
+    async fn recycle(&self, conn: &mut C, metrics: &Metrics) -> RecycleResult<sqlx::Error> {
+        if metrics.last_used() <= CHECK_AFTER_IDLE {
+            return Ok(());
+        }
+        conn.ping().await.map_err(RecycleError::Backend)
+    }
+}
+
+/// The request path's connections of one store (cheap to clone: clones share them).
+pub(crate) struct RequestPool<C: Connection> {
+    pool: managed::Pool<Manager<C>>,
+    acquire_timeout: Duration,
+}
+
+impl<C: Connection> Clone for RequestPool<C> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            acquire_timeout: self.acquire_timeout,
+        }
+    }
+}
+
+impl<C: Connection> RequestPool<C> {
+    /// A pool of at most `size` connections made with `options` (none opened yet); a
+    /// request waits at most `acquire_timeout` for one, including the time to open it.
+    pub(crate) fn new(
+        options: <C as Connection>::Options,
+        size: u32,
+        acquire_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let pool = managed::Pool::builder(Manager { options })
+            .max_size(usize::try_from(size).unwrap_or(usize::MAX))
+            .build()
+            .map_err(|e| {
+                StoreError::configuration(format!("the request path's connection pool: {e}"))
+            })?;
+        Ok(Self {
+            pool,
+            acquire_timeout,
+        })
+    }
+
+    /// Opens the first connection now, so that a wrong URL or an unreachable server is
+    /// found when the store connects; the driver's error as it came.
+    pub(crate) async fn open_one(&self) -> Result<(), sqlx::Error> {
+        match self.pool.get().await {
+            Ok(_returned) => Ok(()),
+            Err(PoolError::Backend(e)) => Err(e),
+            Err(other) => Err(sqlx::Error::Protocol(format!(
+                "the connection pool failed: {other}"
+            ))),
+        }
+    }
+
+    /// A connection for one statement of `what` (a description such as "PostgreSQL:
+    /// claiming a record"), within the acquire timeout.
+    ///
+    /// # Errors
+    ///
+    /// Unavailable: no connection came free in time, or a new one could not be opened.
+    pub(crate) async fn get(&self, what: &str) -> Result<Pooled<C>, StoreError> {
+        match tokio::time::timeout(self.acquire_timeout, self.pool.get()).await {
+            Ok(Ok(conn)) => Ok(Pooled { conn: Some(conn) }),
+            Ok(Err(PoolError::Backend(e))) => Err(StoreError::unavailable(
+                format!(
+                    "{what} failed: opening a connection failed ({})",
+                    describe(&e)
+                ),
+                e,
+            )),
+            Ok(Err(e)) => Err(StoreError::unavailable(
+                format!("{what} failed: the connection pool failed ({e})"),
+                e.to_string(),
+            )),
+            Err(_) => {
+                let size = self.pool.status().max_size;
+                Err(StoreError::unavailable(
+                    format!(
+                        "{what} failed: none of the {size} request connections came free \
+                         within {:?}; raise max_connections or acquire_timeout, or look \
+                         for what holds the database's locks",
+                        self.acquire_timeout
+                    ),
+                    "timed out waiting for a connection",
+                ))
+            }
+        }
+    }
+}
+
+/// A connection taken from a [`RequestPool`] for one statement: it goes back by
+/// [`Pooled::finish`] when the statement ended in a way that leaves the session usable,
+/// and is closed otherwise, also when dropped before (a cancelled request).
+pub(crate) struct Pooled<C: Connection> {
+    conn: Option<Object<Manager<C>>>,
+}
+
+impl<C: Connection> Pooled<C> {
+    /// The connection, for the statement.
+    pub(crate) fn conn(&mut self) -> &mut C {
+        // Present until `finish` or drop, which consume it.
+        self.conn
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("a Pooled holds its connection until consumed"))
+    }
+
+    /// Ends the statement's use of the connection with its `result`: back to the pool
+    /// unless `result` is an error that may have left the session in an unknown state.
+    pub(crate) fn finish<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if result.as_ref().err().is_none_or(leaves_session_usable) {
+            // Dropping the pool's object returns the connection.
+            drop(self.conn.take());
+        }
+        result
+    }
+}
+
+impl<C: Connection> Drop for Pooled<C> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Unfinished (cancelled mid-statement) or failed: out of the pool, closed.
+            drop(Object::take(conn));
+        }
+    }
+}
+
+/// Errors after which the driver has read the whole answer: the database refused the
+/// statement, or the rows were not as expected. Any other (I/O, protocol, TLS, a
+/// crashed worker) closes the connection.
+fn leaves_session_usable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Database(_)
+            | sqlx::Error::RowNotFound
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::TypeNotFound { .. }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_budget;
+
+    #[test]
+    fn the_budget_is_split_never_exceeded() {
+        assert_eq!(split_budget("db", 16, 2).expect("valid"), (14, 2));
+        assert_eq!(split_budget("db", 3, 3).expect("valid"), (1, 2));
+        assert_eq!(split_budget("db", 2, 3).expect("valid"), (1, 1));
+        for total in 2..40 {
+            for others in 0..5 {
+                let (requests, rest) = split_budget("db", total, others).expect("valid");
+                assert_eq!(requests + rest, total);
+                assert!(requests >= 1 && rest >= 1);
+            }
+        }
+        let err = split_budget("PostgreSQL", 1, 2).expect_err("too small");
+        assert!(err.is_configuration(), "{err}");
+    }
+}

@@ -1,0 +1,87 @@
+//! A SQL store with every connection of its budget busy (the PostgreSQL and MySQL
+//! stores' budget tests): claims and a sweep that wait for a locked table, and what
+//! finds no connection left.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkey::store::{
+    Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError, SweepOptions, SweepReport,
+};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// `claims` claims of new keys and one sweep pass, started on `store` (whose table
+/// another session holds locked).
+pub(crate) struct Crowd {
+    store: Arc<dyn Store>,
+    claims: JoinSet<Result<Claim, StoreError>>,
+    sweep: JoinHandle<Result<SweepReport, StoreError>>,
+}
+
+impl Crowd {
+    pub(crate) fn start(store: Arc<dyn Store>, claims: usize) -> Self {
+        let mut set = JoinSet::new();
+        for i in 0..claims {
+            let store = Arc::clone(&store);
+            set.spawn(async move {
+                let id = RecordId::new("t", &format!("k{i}"));
+                store
+                    .claim(ClaimRequest {
+                        id: &id,
+                        fingerprint: b"fp",
+                        token: FencingToken::random(),
+                        lease: Duration::from_secs(60),
+                        retention: Duration::from_secs(60),
+                    })
+                    .await
+            });
+        }
+        let sweep = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.sweep_pass(&SweepOptions::default()).await }
+        });
+        Self {
+            store,
+            claims: set,
+            sweep,
+        }
+    }
+
+    /// Once the request connections (`requests` of them) and the sweep's two wait for
+    /// the lock: `refused` claims come back unavailable after the acquire timeout, and
+    /// so does a second sweep (which, had it a connection, would find the sweep lock
+    /// taken and return at once).
+    pub(crate) async fn expect_refused(&mut self, requests: usize, refused: usize) {
+        for _ in 0..refused {
+            let err = self
+                .claims
+                .join_next()
+                .await
+                .expect("a claim")
+                .expect("not cancelled")
+                .expect_err("no connection came free");
+            assert!(err.is_unavailable(), "{err}");
+            let says = format!("none of the {requests} request connections came free");
+            assert!(err.to_string().contains(&says), "{err}");
+        }
+        let second = self
+            .store
+            .sweep_pass(&SweepOptions::default())
+            .await
+            .expect_err("the other connections are the first sweep's");
+        assert!(second.is_unavailable(), "{second}");
+    }
+
+    /// Once the table is free: the claims that had a connection win their keys, and
+    /// the sweep ends.
+    pub(crate) async fn expect_served(self) {
+        for claim in self.claims.join_all().await {
+            assert_eq!(
+                claim.expect("claim"),
+                Claim::Acquired { takeover: false },
+                "the claims that had a connection run once the table is free"
+            );
+        }
+        self.sweep.await.expect("sweep task").expect("sweep");
+    }
+}
