@@ -543,6 +543,13 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn in_process(&self) -> Option<&dyn InProcessStore> {
         (**self).in_process()
     }
+    async fn claim_charged(
+        &self,
+        req: ClaimRequest<'_>,
+        charge: QuotaCharge<'_>,
+    ) -> Result<ChargedClaim, StoreError> {
+        (**self).claim_charged(req, charge).await
+    }
     async fn complete(
         &self,
         id: &RecordId,
