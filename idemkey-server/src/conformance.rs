@@ -65,7 +65,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep};
 
 use crate::store::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Store, StoreError,
+    Claim, ClaimRequest, FencingToken, InProcessStore, RecordId, RecordInfo, RecordState, Store,
+    StoreError, SweepOptions, SweepReport, Watch,
 };
 
 /// How many claims [`claim_is_atomic`] fires at one record at once.
@@ -107,7 +108,9 @@ const DEADLINE: Duration = Duration::from_secs(10);
 /// The pause between two polls.
 const POLL: Duration = Duration::from_millis(25);
 
-/// Runs every check, each against a store made by `factory`.
+/// Runs every check, each against a store made by `factory`; for a store that answers
+/// in process ([`Store::in_process`]), every check again with its claims and completions
+/// made through that path, as the engine makes them.
 ///
 /// Panics on the first check that fails, naming the broken contract point.
 pub async fn run<F, Fut, S>(mut factory: F)
@@ -116,10 +119,25 @@ where
     Fut: Future<Output = S>,
     S: Store,
 {
-    let mut store = async || -> Arc<dyn Store> {
-        let store: Arc<dyn Store> = Arc::new(factory().await);
-        store
-    };
+    let in_process = factory().await.in_process().is_some();
+    for through_in_process in [false, true] {
+        if through_in_process && !in_process {
+            break;
+        }
+        let store = async || -> Arc<dyn Store> {
+            let store: Arc<dyn Store> = Arc::new(factory().await);
+            if through_in_process {
+                Arc::new(InProcessPath(store))
+            } else {
+                store
+            }
+        };
+        run_checks(store).await;
+    }
+}
+
+/// Every check, each against a store made by `store`.
+async fn run_checks(mut store: impl AsyncFnMut() -> Arc<dyn Store>) {
     claim_returns_the_live_record(&store().await).await;
     writes_are_fenced_by_token(&store().await).await;
     claim_is_atomic(&store().await).await;
@@ -1381,6 +1399,69 @@ pub async fn sweep_racing_completions_keeps_them_settled(store: &Arc<dyn Store>)
 /// Claims `id` (fingerprint, token, lease) every [`POLL`] until the claim takes over
 /// the lease of the owner with fingerprint `holder`; panics with `stuck` once
 /// `deadline` has passed. Returns when it took over, and its takeover flag.
+/// A store whose claims and completions go through its in-process path
+/// ([`Store::in_process`]), as the engine's do, and everything else through the store.
+struct InProcessPath(Arc<dyn Store>);
+
+impl InProcessPath {
+    fn now(&self) -> &dyn InProcessStore {
+        self.0
+            .in_process()
+            .expect("a store that answered in process once answers in process")
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for InProcessPath {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.now().claim_now(&req)
+    }
+    fn in_process(&self) -> Option<&dyn InProcessStore> {
+        self.0.in_process()
+    }
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.now().complete_now(id, token, payload, retention)
+    }
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.renew(id, token, lease).await
+    }
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        self.0.release(id, token).await
+    }
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        self.0.sweep().await
+    }
+    async fn sweep_pass(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        self.0.sweep_pass(options).await
+    }
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.0.inspect(id).await
+    }
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        self.0.force_release(id).await
+    }
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        self.0.list_in_progress(limit).await
+    }
+    async fn watch(&self, id: &RecordId) -> Result<Box<dyn Watch>, StoreError> {
+        self.0.watch(id).await
+    }
+}
+
 async fn take_over(
     store: &Arc<dyn Store>,
     id: &RecordId,

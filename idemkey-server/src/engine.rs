@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::execution::{Execution, Lease, Recordings};
+use super::execution::{Execution, Recordings};
 use super::telemetry::{Decision, EngineStore, ServerMetrics};
 use crate::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
@@ -66,26 +66,28 @@ impl Engine {
     pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
 }
 
+/// An engine's settings and shared parts, behind one `Arc`: what an [`Execution`]
+/// keeps of its engine (one shared count per claimed request, not one per part).
 #[derive(Clone)]
-struct Config {
-    store: EngineStore,
-    lease: Duration,
-    renew_every: Duration,
+pub(crate) struct Config {
+    pub(crate) store: EngineStore,
+    pub(crate) lease: Duration,
+    pub(crate) renew_every: Duration,
     /// `renew_every` as set with [`EngineBuilder::renew_every`], kept for derived
     /// engines; `None` renews every third of the lease.
     renew_every_set: Option<Duration>,
-    retention: Duration,
+    pub(crate) retention: Duration,
     fail_open: bool,
     unavailable_retry_after: Duration,
     in_progress_retry_after: Duration,
     /// Outcomes being recorded in the background, shared with derived engines.
-    recordings: Arc<Recordings>,
+    pub(crate) recordings: Arc<Recordings>,
     /// The quota of new keys per scope and its per-process buckets, shared with
     /// derived engines.
     quota: Option<Arc<QuotaState>>,
     /// The metric handles, resolved once (shared with the observed store and derived
     /// engines).
-    metrics: Arc<ServerMetrics>,
+    pub(crate) metrics: Arc<ServerMetrics>,
 }
 
 impl fmt::Debug for Engine {
@@ -704,19 +706,7 @@ impl Engine {
                 if takeover {
                     tracing::info!(record = %id, "took over a key whose owner's lease expired");
                 }
-                let exec = Execution::new(
-                    self.cfg.store.clone(),
-                    Lease {
-                        length: self.cfg.lease,
-                        renew_every: self.cfg.renew_every,
-                    },
-                    id,
-                    token,
-                    takeover,
-                    self.cfg.retention,
-                    Arc::clone(&self.cfg.recordings),
-                    Arc::clone(&self.cfg.metrics),
-                );
+                let exec = Execution::new(Arc::clone(&self.cfg), id, token, takeover);
                 Claimed::Execute(exec)
             }
             Ok(Claim::InProgress {

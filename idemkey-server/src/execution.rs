@@ -14,6 +14,7 @@ use futures_util::FutureExt as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::engine::Config as EngineConfig;
 use super::telemetry::{Ended, EngineStore, ServerMetrics};
 use crate::store::{FencingToken, RecordId, StoreError, clamp_forever};
 
@@ -49,26 +50,16 @@ const RECORD_RETRY_CAP: Duration = Duration::from_secs(1);
 /// the recording ends ([`Engine::wait_for_recordings`](super::Engine::wait_for_recordings)
 /// before it exits).
 pub struct Execution {
-    store: EngineStore,
-    lease: Lease,
+    /// The engine's store, lease, retention, recordings and metrics: one shared count.
+    engine: Arc<EngineConfig>,
     id: RecordId,
     token: FencingToken,
     takeover: bool,
-    retention: Duration,
-    recordings: Arc<Recordings>,
-    metrics: Arc<ServerMetrics>,
     lost: bool,
     done: bool,
     /// The scope's in-progress slot under a quota's cap, given back when the outcome
     /// is known (complete, release) or the execution is dropped.
     slot: Option<crate::quota::Permit>,
-}
-
-/// A claim's lease: how long it holds, and how often a running operation renews it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Lease {
-    pub(super) length: Duration,
-    pub(super) renew_every: Duration,
 }
 
 impl fmt::Debug for Execution {
@@ -77,41 +68,37 @@ impl fmt::Debug for Execution {
             .field("id", &self.id)
             .field("token", &self.token)
             .field("takeover", &self.takeover)
-            .field("lease", &self.lease)
-            .field("retention", &self.retention)
+            .field("lease", &self.engine.lease)
+            .field("retention", &self.engine.retention)
             .field("lost", &self.lost)
             .finish_non_exhaustive()
     }
 }
 
 impl Execution {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the engine's parts an execution keeps, one field each; only the engine calls it"
-    )]
     pub(super) fn new(
-        store: EngineStore,
-        lease: Lease,
+        engine: Arc<EngineConfig>,
         id: RecordId,
         token: FencingToken,
         takeover: bool,
-        retention: Duration,
-        recordings: Arc<Recordings>,
-        metrics: Arc<ServerMetrics>,
     ) -> Self {
         Self {
-            store,
-            lease,
+            engine,
             id,
             token,
             takeover,
-            retention,
-            recordings,
-            metrics,
             lost: false,
             done: false,
             slot: None,
         }
+    }
+
+    fn store(&self) -> &EngineStore {
+        &self.engine.store
+    }
+
+    fn metrics(&self) -> &ServerMetrics {
+        &self.engine.metrics
     }
 
     /// Holds `slot` (an in-progress slot of the scope's quota) until the outcome is
@@ -160,9 +147,9 @@ impl Execution {
     /// Renews the lease every third of it until the key is found taken over (then it
     /// returns) or the future is dropped.
     fn renewals(&self) -> impl Future<Output = ()> + Send + 'static {
-        let store = self.store.clone();
+        let store = self.store().clone();
         let (id, token) = (self.id, self.token);
-        let (lease, every) = (self.lease.length, self.lease.renew_every);
+        let (lease, every) = (self.engine.lease, self.engine.renew_every);
         async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -208,7 +195,7 @@ impl Execution {
         let recorder = self.recorder();
         let first = recorder.attempt(&payload).await;
         let result = recorder.persist(payload, first).await;
-        ended(&self.metrics, result.as_ref().map(|()| Ended::Recorded));
+        ended(self.metrics(), result.as_ref().map(|()| Ended::Recorded));
         result
     }
 
@@ -254,17 +241,9 @@ impl Execution {
         async move {
             self.done = true;
             self.slot = None;
-            // The first attempt borrows this execution's parts: the owned copies a
-            // background recording needs (three shared counts touched by every request) are
-            // made only when it is needed.
-            let first = attempt(
-                &self.store,
-                &self.id,
-                self.token,
-                self.retention,
-                &self.metrics,
-                &payload,
-            );
+            // The first attempt borrows this execution's parts: the owned copy a
+            // background recording needs (a shared count) is made only when it is needed.
+            let first = attempt(&self.engine, &self.id, self.token, &payload);
             let result = match first.await {
                 Ok(()) => Ok(Completion::Recorded),
                 Err(e) if e.is_unavailable() => {
@@ -274,7 +253,7 @@ impl Execution {
                 Err(e) => Err(e),
             };
             ended(
-                &self.metrics,
+                self.metrics(),
                 result.as_ref().map(|c| match c {
                     Completion::Recorded => Ended::Recorded,
                     Completion::Deferred(_) => Ended::Deferred,
@@ -286,12 +265,9 @@ impl Execution {
 
     fn recorder(&self) -> Recorder {
         Recorder {
-            store: self.store.clone(),
+            engine: Arc::clone(&self.engine),
             id: self.id,
             token: self.token,
-            retention: self.retention,
-            recordings: Arc::clone(&self.recordings),
-            metrics: Arc::clone(&self.metrics),
         }
     }
 
@@ -308,8 +284,8 @@ impl Execution {
         async move {
             self.done = true;
             self.slot = None;
-            let result = self.store.get().release(&self.id, self.token).await;
-            ended(&self.metrics, result.as_ref().map(|()| Ended::Released));
+            let result = self.store().get().release(&self.id, self.token).await;
+            ended(self.metrics(), result.as_ref().map(|()| Ended::Released));
             result
         }
     }
@@ -320,8 +296,8 @@ impl Drop for Execution {
         if self.done {
             return;
         }
-        self.metrics.execution(Ended::Abandoned);
-        let (store, id, token) = (self.store.clone(), self.id, self.token);
+        self.metrics().execution(Ended::Abandoned);
+        let (store, id, token) = (self.store().clone(), self.id, self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Err(e) = store.get().release(&id, token).await {
@@ -486,12 +462,9 @@ impl Drop for Pending {
 
 /// What recording an outcome needs, owned, so that a background task can take it.
 struct Recorder {
-    store: EngineStore,
+    engine: Arc<EngineConfig>,
     id: RecordId,
     token: FencingToken,
-    retention: Duration,
-    recordings: Arc<Recordings>,
-    metrics: Arc<ServerMetrics>,
 }
 
 /// One attempt to record `payload` as the outcome of the claim `token` holds on `id`.
@@ -500,17 +473,18 @@ struct Recorder {
     reason = "an `async` block holds the arguments once; an `async fn` keeps a second copy"
 )]
 fn attempt<'a>(
-    store: &'a EngineStore,
+    engine: &'a EngineConfig,
     id: &'a RecordId,
     token: FencingToken,
-    retention: Duration,
-    metrics: &'a ServerMetrics,
     payload: &'a Bytes,
 ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
     async move {
-        let result = store.complete(id, token, payload.clone(), retention).await;
+        let result = engine
+            .store
+            .complete(id, token, payload.clone(), engine.retention)
+            .await;
         if result.is_ok() {
-            metrics.stored_bytes(payload.len());
+            engine.metrics.stored_bytes(payload.len());
         }
         result
     }
@@ -518,15 +492,7 @@ fn attempt<'a>(
 
 impl Recorder {
     async fn attempt(&self, payload: &Bytes) -> Result<(), StoreError> {
-        attempt(
-            &self.store,
-            &self.id,
-            self.token,
-            self.retention,
-            &self.metrics,
-            payload,
-        )
-        .await
+        attempt(&self.engine, &self.id, self.token, payload).await
     }
 
     /// Goes on from the result of the last attempt while the store is unavailable: a
@@ -536,7 +502,7 @@ impl Recorder {
         payload: Bytes,
         mut last: Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let give_up = tokio::time::Instant::now().checked_add(clamp_forever(self.retention));
+        let give_up = tokio::time::Instant::now().checked_add(clamp_forever(self.engine.retention));
         let mut pause = RECORD_RETRY_FIRST;
         let mut attempts = 1_u64;
         loop {
@@ -572,7 +538,7 @@ impl Recorder {
     /// Moves the recording to a spawned task that owns `payload`, counted in
     /// [`Recordings`] until it ends.
     fn spawn(self, payload: Bytes, last: Result<(), StoreError>) -> Recording {
-        let pending = Pending::new(Arc::clone(&self.recordings));
+        let pending = Pending::new(Arc::clone(&self.engine.recordings));
         let task = tokio::spawn(async move {
             let _pending = pending;
             self.persist(payload, last).await

@@ -23,8 +23,8 @@ use tracing::field::Empty;
 use tracing::{Instrument, Level, Span};
 
 use crate::store::{
-    ChargedClaim, Claim, ClaimRequest, FencingToken, MemoryStore, QuotaCharge, RecordId,
-    RecordInfo, Store, StoreError, Watch,
+    ChargedClaim, Claim, ClaimRequest, FencingToken, QuotaCharge, RecordId, RecordInfo, Store,
+    StoreError, Watch,
 };
 use idemkey_core::telemetry::{self, Stopwatch, any_span_observable, in_span, observable};
 
@@ -376,12 +376,8 @@ pub(crate) struct EngineStore(Arc<ObservedStore>);
 impl EngineStore {
     /// `store`, observed when observable, feeding `metrics` (the engine's).
     pub(crate) fn new(store: impl Store, metrics: Arc<ServerMetrics>) -> Self {
-        let memory = (&store as &dyn std::any::Any)
-            .downcast_ref::<MemoryStore>()
-            .cloned();
         Self(Arc::new(ObservedStore {
             inner: Box::new(store),
-            memory,
             metrics,
         }))
     }
@@ -402,13 +398,14 @@ impl EngineStore {
 
     /// [`Store::claim`], observed as [`EngineStore::get`] would, without the observed
     /// store's own boxed future (the claim and the complete are on every fresh
-    /// request's path).
+    /// request's path), and without the store's either when it answers in process
+    /// ([`Store::in_process`]).
     pub(crate) fn claim<'a>(
         &'a self,
         req: ClaimRequest<'a>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a {
-        let claim = match &self.0.memory {
-            Some(memory) => Either::Left(lazy(move |_| memory.claim_now(&req))),
+        let claim = match self.0.inner().in_process() {
+            Some(now) => Either::Left(lazy(move |_| now.claim_now(&req))),
             None => Either::Right(self.0.inner().claim(req)),
         };
         self.maybe_observed(Operation::Claim, claim)
@@ -431,9 +428,9 @@ impl EngineStore {
         payload: Bytes,
         retention: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        let fut = match &self.0.memory {
-            Some(memory) => Either::Left(lazy(move |_| {
-                memory.complete_now(id, token, payload, retention)
+        let fut = match self.0.inner().in_process() {
+            Some(now) => Either::Left(lazy(move |_| {
+                now.complete_now(id, token, payload, retention)
             })),
             None => Either::Right(self.0.inner().complete(id, token, payload, retention)),
         };
@@ -464,11 +461,6 @@ impl EngineStore {
 /// engine is built with, so no store has to do it.
 struct ObservedStore {
     inner: Box<dyn Store>,
-    /// The same store when it is a [`MemoryStore`]: its claim and complete, which the
-    /// request path calls, are answered at once, so the engine calls them without the
-    /// boxed future of the trait's `async` methods (an allocation and a free each, on
-    /// every request).
-    memory: Option<MemoryStore>,
     metrics: Arc<ServerMetrics>,
 }
 

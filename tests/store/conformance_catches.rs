@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkey::store::{
-    Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, RecordInfo, RecordState, Store,
-    StoreError,
+    Claim, ClaimRequest, FencingToken, InProcessStore, MemoryStore, RecordId, RecordInfo,
+    RecordState, Store, StoreError,
 };
 use idemkey::testing::conformance;
 use tokio::time::Instant;
@@ -421,4 +421,127 @@ async fn passes_the_unbroken_store_under_concurrency() {
     conformance::claim_is_atomic(&store).await;
     conformance::claim_storm_over_many_records(&store).await;
     conformance::sweep_racing_completions_keeps_them_settled(&store).await;
+}
+
+/// A memory store reached through [`Store::in_process`] as well as through its `async`
+/// methods, counting the calls of each path; with `double_win`, its in-process claim lets
+/// a claim on a live record win (its `async` claim stays right).
+struct TwoPaths {
+    inner: MemoryStore,
+    double_win: bool,
+    async_calls: AtomicUsize,
+    in_process_calls: AtomicUsize,
+}
+
+impl TwoPaths {
+    fn new(double_win: bool) -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            double_win,
+            async_calls: AtomicUsize::new(0),
+            in_process_calls: AtomicUsize::new(0),
+        }
+    }
+
+    fn now(&self) -> &dyn InProcessStore {
+        self.inner
+            .in_process()
+            .expect("the memory store answers in process")
+    }
+}
+
+impl InProcessStore for TwoPaths {
+    fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.in_process_calls.fetch_add(1, Ordering::SeqCst);
+        Ok(match self.now().claim_now(req)? {
+            Claim::InProgress { .. } if self.double_win => Claim::Acquired { takeover: false },
+            claim => claim,
+        })
+    }
+    fn complete_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.in_process_calls.fetch_add(1, Ordering::SeqCst);
+        self.now().complete_now(id, token, payload, retention)
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for TwoPaths {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.async_calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(req).await
+    }
+    fn in_process(&self) -> Option<&dyn InProcessStore> {
+        Some(self)
+    }
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.async_calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.complete(id, token, payload, retention).await
+    }
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(id, token, lease).await
+    }
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.release(id, token).await
+    }
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        self.inner.sweep().await
+    }
+    async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(id).await
+    }
+    async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
+        self.inner.force_release(id).await
+    }
+    async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
+        self.inner.list_in_progress(limit).await
+    }
+}
+
+/// A store whose `async` methods keep the contract but whose in-process path does not
+/// is caught: `run` checks both paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "a claim on an in-progress record must be InProgress")]
+async fn catches_a_broken_in_process_path() {
+    conformance::run(|| async { TwoPaths::new(true) }).await;
+}
+
+/// The engine claims and completes through the store's in-process path, and a replay
+/// claims through it too: no `async` call of the store on the request path.
+#[tokio::test]
+async fn the_engine_takes_the_in_process_path() {
+    use idemkey::IdempotencyKey;
+    use idemkey::fingerprint::Fingerprint;
+    use idemkey::server::{Claimed, Engine};
+
+    let store = Arc::new(TwoPaths::new(false));
+    let engine = Engine::new(Arc::clone(&store));
+    let (key, fp) = (
+        IdempotencyKey::new("order-1").expect("a valid key"),
+        Fingerprint::of_bytes(b"charge 1"),
+    );
+    let Claimed::Execute(exec) = engine.claim("", &key, &fp).await.expect("claims") else {
+        panic!("a new key runs");
+    };
+    exec.complete("charged".into()).await.expect("completes");
+    let replay = engine.claim("", &key, &fp).await.expect("claims");
+    assert!(matches!(replay, Claimed::Replay(p) if p == "charged"));
+    assert_eq!(store.in_process_calls.load(Ordering::SeqCst), 3);
+    assert_eq!(store.async_calls.load(Ordering::SeqCst), 0);
 }

@@ -162,3 +162,36 @@ async fn a_takeover_of_an_expired_claim_is_not_charged() {
         ChargedClaim::OverQuota { .. }
     ));
 }
+
+/// A store shared as `Arc<RedisStore>` (one store behind several engines) charges its
+/// bucket as the store itself does: the `Arc` forwards `claim_charged` rather than
+/// falling back to the trait's default, which refuses shared quotas.
+#[tokio::test]
+async fn a_shared_arc_of_the_store_charges_its_bucket() {
+    let server = support::RedisServer::start();
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
+        RedisStore::builder(server.url())
+            .connect()
+            .await
+            .expect("the private Redis answers"),
+    );
+    let store = &store; // the `Arc`'s own `Store` impl, not the Redis store's
+    let bucket = RecordId::new("agent", "");
+    let charge = QuotaCharge::new(&bucket, 1.0 / 3600.0, 1);
+    let lease = Duration::from_secs(30);
+    let (one, two) = (RecordId::new("agent", "k-1"), RecordId::new("agent", "k-2"));
+    let first = Store::claim_charged(store, request(&one, lease), charge)
+        .await
+        .expect("an Arc of a store with buckets charges them");
+    assert_eq!(
+        first,
+        ChargedClaim::Claimed(Claim::Acquired { takeover: false })
+    );
+    let second = Store::claim_charged(store, request(&two, lease), charge)
+        .await
+        .expect("claim");
+    assert!(
+        matches!(second, ChargedClaim::OverQuota { .. }),
+        "one token, spent: {second:?}"
+    );
+}

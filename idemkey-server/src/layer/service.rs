@@ -357,7 +357,8 @@ where
             // Boxed: inline, it made the execution's future, boxed per request, larger
             // than the sizes glibc serves from its per-thread cache; a streamed body
             // keeps this box.
-            let mut tee = Box::new(tee::Inner::new(Arc::clone(&cfg), exec, &parts, body, grpc));
+            // The tee takes the configuration (a shared count not touched again).
+            let mut tee = Box::new(tee::Inner::new(cfg, exec, &parts, body, grpc));
             match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
                 // Read whole: the record is made from the read-ahead, then the body is
                 // taken out of it for the caller, who is answered once it is recorded.
@@ -374,7 +375,8 @@ where
                 }
                 Prefetch::Failed(e) => (
                     Either::Right(tee.fail()),
-                    cfg.answer(Rejection::response_failed(e), grpc_call),
+                    tee.config()
+                        .answer(Rejection::response_failed(e), grpc_call),
                 ),
                 Prefetch::Stream => {
                     tee.stream(&parts);

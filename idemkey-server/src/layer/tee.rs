@@ -198,6 +198,11 @@ impl Inner {
     /// releases), a release; `None` once settled. `head`: the response's headers, for a
     /// response read whole ([`Prefetch::Ended`]); `None` for one that streamed, whose
     /// headers [`Inner::stream`] copied out.
+    /// The layer's configuration.
+    pub(super) fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     pub(super) fn settlement(&mut self, head: Option<&HeaderMap>) -> Option<Settle> {
         self.renew = None;
         let exec = self.exec.take()?;

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{
-    Claim, ClaimRequest, FencingToken, RecordId, RecordInfo, RecordState, Settlements, Store,
-    StoreError, SweepOptions, SweepOutcome, SweepReport, Watch, clamp_forever,
+    Claim, ClaimRequest, FencingToken, InProcessStore, RecordId, RecordInfo, RecordState,
+    Settlements, Store, StoreError, SweepOptions, SweepOutcome, SweepReport, Watch, clamp_forever,
 };
 
 mod shards;
@@ -827,10 +827,10 @@ impl MemoryStore {
 
 /// The operations of the request path, answered at once: what [`Store::claim`] and
 /// [`Store::complete`] do, without the boxed future the trait's methods make. The engine
-/// calls these for a memory store (`telemetry::EngineStore`), as a fresh request claims
-/// and completes and a replay claims.
-impl MemoryStore {
-    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+/// calls these ([`Store::in_process`]) as a fresh request claims and completes and a
+/// replay claims.
+impl InProcessStore for MemoryStore {
+    fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let now = self.now();
         let claim = self.claim_at(req, now);
         // After the claim, so a claim never races the sweep it starts.
@@ -841,7 +841,7 @@ impl MemoryStore {
         })
     }
 
-    pub(crate) fn complete_now(
+    fn complete_now(
         &self,
         id: &RecordId,
         token: FencingToken,
@@ -868,6 +868,10 @@ impl Store for MemoryStore {
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.claim_now(&req)
+    }
+
+    fn in_process(&self) -> Option<&dyn InProcessStore> {
+        Some(self)
     }
 
     async fn complete(

@@ -340,6 +340,24 @@ pub trait Store: Send + Sync + 'static {
     /// Claims the record, or returns the live record in the same call.
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
+    /// The same store's request path answered in the caller's thread, for a store that
+    /// keeps its records in this process and never waits: the engine then claims and
+    /// completes through it, without the boxed future each call of an `async` trait
+    /// method makes (an allocation and a free, twice per fresh request). `None`, the
+    /// default, for a store that does I/O; [`MemoryStore`] returns itself.
+    ///
+    /// A store that returns `Some` must answer there exactly as [`Store::claim`] and
+    /// [`Store::complete`] do; the [conformance suite](crate::conformance) runs every
+    /// check through both.
+    ///
+    /// ```
+    /// use idemkey::store::{MemoryStore, Store};
+    /// assert!(MemoryStore::new().in_process().is_some());
+    /// ```
+    fn in_process(&self) -> Option<&dyn InProcessStore> {
+        None
+    }
+
     /// Completes a record held by `token`: stores `payload`, kept for `retention`.
     ///
     /// Succeeds even when the lease of `token` has expired, as long as no other claim
@@ -473,6 +491,49 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// The request path of a store that answers without waiting ([`Store::in_process`]):
+/// what [`Store::claim`] and [`Store::complete`] do, as plain calls.
+///
+/// ```
+/// use idemkey::store::{Claim, ClaimRequest, FencingToken, MemoryStore, RecordId, Store};
+/// use std::time::Duration;
+///
+/// let store = MemoryStore::new();
+/// let now = store.in_process().expect("the memory store answers in process");
+/// let id = RecordId::new("tenant-1", "order-7");
+/// let token = FencingToken::random();
+/// let req = ClaimRequest {
+///     id: &id,
+///     fingerprint: b"fp",
+///     token,
+///     lease: Duration::from_secs(5),
+///     retention: Duration::from_secs(60),
+/// };
+/// assert!(matches!(now.claim_now(&req)?, Claim::Acquired { takeover: false }));
+/// now.complete_now(&id, token, "done".into(), Duration::from_secs(60))?;
+/// assert!(matches!(now.claim_now(&req)?, Claim::Completed { payload, .. } if payload == "done"));
+/// # Ok::<(), idemkey::store::StoreError>(())
+/// ```
+pub trait InProcessStore: Send + Sync {
+    /// [`Store::claim`], answered at once.
+    ///
+    /// # Errors
+    /// As [`Store::claim`].
+    fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError>;
+
+    /// [`Store::complete`], answered at once.
+    ///
+    /// # Errors
+    /// As [`Store::complete`].
+    fn complete_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError>;
+}
+
 #[async_trait::async_trait]
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn kind(&self) -> &'static str {
@@ -480,6 +541,16 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         (**self).claim(req).await
+    }
+    fn in_process(&self) -> Option<&dyn InProcessStore> {
+        (**self).in_process()
+    }
+    async fn claim_charged(
+        &self,
+        req: ClaimRequest<'_>,
+        charge: QuotaCharge<'_>,
+    ) -> Result<ChargedClaim, StoreError> {
+        (**self).claim_charged(req, charge).await
     }
     async fn complete(
         &self,
