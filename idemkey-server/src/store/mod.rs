@@ -347,8 +347,8 @@ pub trait Store: Send + Sync + 'static {
     /// default, for a store that does I/O; [`MemoryStore`] returns itself.
     ///
     /// A store that returns `Some` must answer there exactly as [`Store::claim`] and
-    /// [`Store::complete`] do; the [conformance suite](crate::conformance) runs every
-    /// check through both.
+    /// [`Store::complete`] do; the conformance suite (`idemkey::testing::conformance`,
+    /// feature `test-util`) runs every check through both.
     ///
     /// ```
     /// use idemkey::store::{MemoryStore, Store};
