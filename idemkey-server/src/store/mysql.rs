@@ -272,8 +272,8 @@ impl MySqlStoreBuilder {
     /// the other 2 migrations, sweeps (a pass takes two) and the admin operations,
     /// each on a pool of its own so that neither waits for the other. With 2, each
     /// side has one. Connections are opened on demand (one at
-    /// [`connect`](Self::connect)) and those of the request path stay open; the others
-    /// close after 10 minutes idle. A connection cut while its statement runs (a
+    /// [`connect`](Self::connect)); as in sqlx's pool, one idle for 10 minutes is
+    /// closed and one is replaced after 30. A connection cut while its statement runs (a
     /// request cancelled) is closed at once and the server may keep its session until
     /// it notices.
     ///

@@ -402,8 +402,8 @@ impl PostgresStoreBuilder {
     /// two), `LISTEN` and the admin operations, each on a pool of its own so that
     /// neither waits for the other. With fewer than 3 (4 with `notify`), the request
     /// path keeps one and the rest share what is left. Connections are opened on demand
-    /// (one at [`connect`](Self::connect)) and those of the request path stay open;
-    /// the others close after 10 minutes idle. A connection cut while its statement
+    /// (one at [`connect`](Self::connect)); as in sqlx's pool, one idle for 10 minutes
+    /// is closed and one is replaced after 30. A connection cut while its statement
     /// runs (a request cancelled) is closed at once and the database may keep its
     /// session until it notices.
     ///

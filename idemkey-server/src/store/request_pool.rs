@@ -20,6 +20,12 @@
 //! (the comment above that ping). Closing costs the next request a new connection, at
 //! a cancellation only.
 //!
+//! Connections age out as sqlx's pool lets them by default (sqlx-core 0.9
+//! `src/pool/options.rs`): one idle for [`IDLE_TIMEOUT`] is closed by a reaper task,
+//! one older than [`MAX_LIFETIME`] is closed when it would next be handed out, so that
+//! a quiet service does not hold the database's sessions and a long-lived one moves
+//! to a database's new address or settings in bounded time.
+//!
 //! Everything else (migrations, sweeps, `LISTEN`, the admin operations) stays on the
 //! store's sqlx pool; the two pools share the store's connection budget
 //! ([`split_budget`]).
@@ -52,9 +58,38 @@ pub(crate) fn split_budget(db: &str, total: u32, others: u32) -> Result<(u32, u3
     Ok((total - others, others))
 }
 
+/// A connection idle this long is closed (sqlx's default `idle_timeout`).
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// A connection this old is closed instead of handed out (sqlx's default
+/// `max_lifetime`).
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// How long connections live; the constants above but in tests.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ageing {
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_lifetime: Duration,
+}
+
+impl Default for Ageing {
+    fn default() -> Self {
+        Self {
+            idle_timeout: IDLE_TIMEOUT,
+            max_lifetime: MAX_LIFETIME,
+        }
+    }
+}
+
+impl Ageing {
+    fn keeps(&self, metrics: &Metrics) -> bool {
+        metrics.last_used() < self.idle_timeout && metrics.age() < self.max_lifetime
+    }
+}
+
 /// Opens and checks the connections of a [`RequestPool`].
 pub(crate) struct Manager<C: Connection> {
     options: <C as Connection>::Options,
+    ageing: Ageing,
 }
 
 impl<C: Connection> managed::Manager for Manager<C> {
@@ -66,8 +101,14 @@ impl<C: Connection> managed::Manager for Manager<C> {
     }
 
     /// A ping only for a connection last handed out more than [`CHECK_AFTER_IDLE`]
-    /// ago; one that fails it is closed, and the pool takes or opens another.
+    /// ago; one that fails it, or has outlived [`Ageing`], is closed, and the pool
+    /// takes or opens another.
     async fn recycle(&self, conn: &mut C, metrics: &Metrics) -> RecycleResult<sqlx::Error> {
+        if !self.ageing.keeps(metrics) {
+            return Err(RecycleError::message(
+                "the connection reached its maximum lifetime or idle time",
+            ));
+        }
         if metrics.last_used() <= CHECK_AFTER_IDLE {
             return Ok(());
         }
@@ -90,20 +131,38 @@ impl<C: Connection> Clone for RequestPool<C> {
     }
 }
 
-impl<C: Connection> RequestPool<C> {
+impl<C: Connection + 'static> RequestPool<C> {
     /// A pool of at most `size` connections made with `options` (none opened yet); a
     /// request waits at most `acquire_timeout` for one, including the time to open it.
+    ///
+    /// Must be called within a Tokio runtime: it starts the task that closes idle
+    /// connections, which ends when the pool is dropped.
     pub(crate) fn new(
         options: <C as Connection>::Options,
         size: u32,
         acquire_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let pool = managed::Pool::builder(Manager { options })
+        Self::with_ageing(options, size, acquire_timeout, Ageing::default())
+    }
+
+    pub(crate) fn with_ageing(
+        options: <C as Connection>::Options,
+        size: u32,
+        acquire_timeout: Duration,
+        ageing: Ageing,
+    ) -> Result<Self, StoreError> {
+        let pool = managed::Pool::builder(Manager { options, ageing })
             .max_size(usize::try_from(size).unwrap_or(usize::MAX))
             .build()
             .map_err(|e| {
                 StoreError::configuration(format!("the request path's connection pool: {e}"))
             })?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            StoreError::configuration(
+                "the request path's connection pool must be made within a Tokio runtime",
+            )
+        })?;
+        runtime.spawn(reap_idle(pool.weak(), ageing));
         Ok(Self {
             pool,
             acquire_timeout,
@@ -155,6 +214,18 @@ impl<C: Connection> RequestPool<C> {
                 ))
             }
         }
+    }
+}
+
+/// Closes the connections that sat idle past `ageing.idle_timeout` (or outlived
+/// `ageing.max_lifetime`), looking a few times per idle timeout, until the pool is
+/// dropped. A connection closes by being dropped: sqlx then shuts its socket.
+async fn reap_idle<C: Connection>(pool: managed::WeakPool<Manager<C>>, ageing: Ageing) {
+    let every = (ageing.idle_timeout / 4).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(pool) = pool.upgrade() else { return };
+        drop(pool.retain(|_, metrics| ageing.keeps(&metrics)));
     }
 }
 
@@ -212,6 +283,91 @@ fn leaves_session_usable(e: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::split_budget;
+
+    /// Ageing on a real PostgreSQL (`IDEMKEY_POSTGRES_URL`, default
+    /// `postgres://postgres@127.0.0.1:5432/test`): which backend serves each statement.
+    #[cfg(feature = "postgres")]
+    mod ageing {
+        use std::str::FromStr;
+        use std::time::{Duration, Instant};
+
+        use sqlx::postgres::{PgConnectOptions, PgConnection};
+
+        use super::super::{Ageing, RequestPool};
+
+        const LONG: Duration = Duration::from_secs(3600);
+
+        fn pool(ageing: Ageing) -> RequestPool<PgConnection> {
+            let url = std::env::var("IDEMKEY_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            let options = PgConnectOptions::from_str(&url).expect("IDEMKEY_POSTGRES_URL");
+            RequestPool::with_ageing(options, 4, Duration::from_secs(10), ageing).expect("a pool")
+        }
+
+        async fn backend(pool: &RequestPool<PgConnection>) -> i32 {
+            let mut conn = pool.get("test").await.unwrap_or_else(|e| {
+                panic!("PostgreSQL unreachable (set IDEMKEY_POSTGRES_URL): {e}")
+            });
+            let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(conn.conn())
+                .await;
+            conn.finish(pid).expect("pg_backend_pid")
+        }
+
+        async fn alive(pool: &RequestPool<PgConnection>, pid: i32) -> bool {
+            let mut conn = pool.get("test").await.expect("a connection");
+            let n: Result<i64, _> =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_one(conn.conn())
+                    .await;
+            conn.finish(n).expect("pg_stat_activity") == 1
+        }
+
+        #[tokio::test]
+        async fn a_connection_past_its_lifetime_is_replaced() {
+            let pool = pool(Ageing {
+                idle_timeout: LONG,
+                max_lifetime: Duration::from_millis(300),
+            });
+            let first = backend(&pool).await;
+            assert_eq!(backend(&pool).await, first, "reused within its lifetime");
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let second = backend(&pool).await;
+            assert_ne!(second, first, "replaced after its lifetime");
+            assert_eq!(pool.pool.status().size, 1, "the old one is gone");
+            assert!(wait_gone(&pool, first).await, "backend {first} still there");
+        }
+
+        #[tokio::test]
+        async fn an_idle_connection_is_closed() {
+            let pool = pool(Ageing {
+                idle_timeout: Duration::from_millis(200),
+                max_lifetime: LONG,
+            });
+            let pid = backend(&pool).await;
+            assert_eq!(pool.pool.status().size, 1);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while pool.pool.status().size > 0 {
+                assert!(Instant::now() < deadline, "the idle connection stayed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Closed on the server too (asked on a new connection of the same pool).
+            assert!(wait_gone(&pool, pid).await, "backend {pid} still there");
+        }
+
+        /// Whether backend `pid` leaves `pg_stat_activity` within a few seconds.
+        async fn wait_gone(pool: &RequestPool<PgConnection>, pid: i32) -> bool {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if !alive(pool, pid).await {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        }
+    }
 
     #[test]
     fn the_budget_is_split_never_exceeded() {
