@@ -20,7 +20,7 @@
 //! (the comment above that ping). Closing costs the next request a new connection, at
 //! a cancellation only.
 //!
-//! Connections age out as sqlx's pool lets them by default (sqlx-core 0.9
+//! Connections age out as in the store's sqlx pool (sqlx's defaults, sqlx-core 0.9
 //! `src/pool/options.rs`): one idle for [`IDLE_TIMEOUT`] is closed by a reaper task,
 //! one older than [`MAX_LIFETIME`] is closed when it would next be handed out, so that
 //! a quiet service does not hold the database's sessions and a long-lived one moves
@@ -36,7 +36,7 @@ use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleR
 use sqlx::{ConnectOptions, Connection};
 
 use super::StoreError;
-use super::sql::{CHECK_AFTER_IDLE, describe};
+use super::sql::{CHECK_AFTER_IDLE, IDLE_TIMEOUT, MAX_LIFETIME, describe};
 
 /// How the store's `max_connections` is shared: `others` (or all but one, when the
 /// budget is smaller) for the sqlx pool of everything off the request path, the rest
@@ -58,13 +58,8 @@ pub(crate) fn split_budget(db: &str, total: u32, others: u32) -> Result<(u32, u3
     Ok((total - others, others))
 }
 
-/// A connection idle this long is closed (sqlx's default `idle_timeout`).
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
-/// A connection this old is closed instead of handed out (sqlx's default
-/// `max_lifetime`).
-pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
-
-/// How long connections live; the constants above but in tests.
+/// How long connections live: [`IDLE_TIMEOUT`] and [`MAX_LIFETIME`], as in the store's
+/// other pool, but in tests.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ageing {
     pub(crate) idle_timeout: Duration,

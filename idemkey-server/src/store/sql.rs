@@ -23,6 +23,13 @@ pub(crate) const ADDED_COLUMNS: [&str; 2] = ["created", "retention"];
 /// (`request_pool.rs`).
 pub(crate) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
 
+/// A pooled connection idle this long is closed (sqlx's default `idle_timeout`), in
+/// [`pool_options`]' pools and the request path's alike.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// A pooled connection this old is closed instead of handed out (sqlx's default
+/// `max_lifetime`), in [`pool_options`]' pools and the request path's alike.
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
 /// The options of the SQL stores' sqlx pools (SQLite's connections; the PostgreSQL and
 /// MySQL stores' connections off the request path): sqlx's, except that a connection is checked
 /// with a ping as it is taken from the pool only when it has been idle for more than
@@ -33,9 +40,13 @@ pub(crate) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// fails (the server restarted, the connection was cut) is closed, and that request
 /// gets the store's unavailable answer. The ping after an idle spell finds the
 /// connections a quiet pool lost meanwhile before a request does. The pattern is
-/// sqlx's own (`PoolOptions::before_acquire`).
+/// sqlx's own (`PoolOptions::before_acquire`). Connections age out after
+/// [`IDLE_TIMEOUT`] idle and [`MAX_LIFETIME`] in all, named here so that the request
+/// path's pool ages its connections the same.
 pub(crate) fn pool_options<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
+        .idle_timeout(IDLE_TIMEOUT)
+        .max_lifetime(MAX_LIFETIME)
         .test_before_acquire(false)
         .before_acquire(check_if_idle::<DB>)
 }
