@@ -683,13 +683,7 @@ impl Engine {
         charge: Option<QuotaCharge<'_>>,
     ) -> Result<(Claimed, Option<Duration>), ClaimError> {
         let token = FencingToken::random();
-        let req = ClaimRequest {
-            id: &id,
-            fingerprint,
-            token,
-            lease: self.cfg.lease,
-            retention: self.cfg.retention,
-        };
+        let req = self.claim_request(&id, fingerprint, token);
         let claim = match charge {
             None => self.cfg.store.claim(req).await,
             Some(charge) => match self.cfg.store.claim_charged(req, charge).await {
@@ -700,6 +694,61 @@ impl Engine {
                 Err(e) => Err(e),
             },
         };
+        self.judge(id, token, fingerprint, claim)
+    }
+
+    /// [`Engine::claim`] answered at once: `Some` when the store answers in process
+    /// ([`Store::in_process`], the memory store) and no quota applies, `None` otherwise
+    /// (then [`Engine::claim`] it is). The layer's pipeline claims this way first, so that
+    /// a request over such a store holds no future sized for a store that answers over
+    /// the network.
+    pub(crate) fn claim_now(
+        &self,
+        scope: &str,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Option<Result<Claimed, ClaimError>> {
+        if self.cfg.quota.is_some() || !self.cfg.store.answers_in_process() {
+            return None;
+        }
+        let id = RecordId::new(scope, key.as_str());
+        super::telemetry::record_id(&id);
+        let fingerprint = fingerprint.as_bytes();
+        let token = FencingToken::random();
+        let claim = self
+            .cfg
+            .store
+            .claim_now(&self.claim_request(&id, fingerprint, token))?;
+        let claimed = self.judge(id, token, fingerprint, claim).map(|c| c.0);
+        Decision::of(&claimed).record(&self.cfg.metrics);
+        Some(claimed)
+    }
+
+    /// The store's claim of `id` for `token`.
+    fn claim_request<'a>(
+        &self,
+        id: &'a RecordId,
+        fingerprint: &'a [u8],
+        token: FencingToken,
+    ) -> ClaimRequest<'a> {
+        ClaimRequest {
+            id,
+            fingerprint,
+            token,
+            lease: self.cfg.lease,
+            retention: self.cfg.retention,
+        }
+    }
+
+    /// What the store's answer to a claim of `id` with `fingerprint` for `token` means
+    /// for the request, and how long the lease of a running duplicate has left.
+    fn judge(
+        &self,
+        id: RecordId,
+        token: FencingToken,
+        fingerprint: &[u8],
+        claim: Result<Claim, StoreError>,
+    ) -> Result<(Claimed, Option<Duration>), ClaimError> {
         let mut remaining = None;
         let claimed = match claim {
             Ok(Claim::Acquired { takeover }) => {

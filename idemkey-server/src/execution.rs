@@ -243,24 +243,54 @@ impl Execution {
             self.slot = None;
             // The first attempt borrows this execution's parts: the owned copy a
             // background recording needs (a shared count) is made only when it is needed.
-            let first = attempt(&self.engine, &self.id, self.token, &payload);
-            let result = match first.await {
-                Ok(()) => Ok(Completion::Recorded),
-                Err(e) if e.is_unavailable() => {
-                    tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
-                    Ok(Completion::Deferred(self.recorder().spawn(payload, Err(e))))
-                }
-                Err(e) => Err(e),
-            };
-            ended(
-                self.metrics(),
-                result.as_ref().map(|c| match c {
-                    Completion::Recorded => Ended::Recorded,
-                    Completion::Deferred(_) => Ended::Deferred,
-                }),
-            );
-            result
+            let first = attempt(&self.engine, &self.id, self.token, &payload).await;
+            self.completed_or_deferred(payload, first)
         }
+    }
+
+    /// [`Execution::complete_or_defer`] at once, for a store that answers in process
+    /// ([`Store::in_process`](crate::store::Store::in_process)); the execution and the
+    /// payload handed back, untouched, for a store that does not.
+    pub(crate) fn complete_or_defer_now(mut self, payload: Bytes) -> CompletedNow {
+        let engine = &self.engine;
+        let Some(first) =
+            engine
+                .store
+                .complete_now(&self.id, self.token, &payload, engine.retention)
+        else {
+            return CompletedNow::Later(self, payload);
+        };
+        if first.is_ok() {
+            engine.metrics.stored_bytes(payload.len());
+        }
+        self.done = true;
+        self.slot = None;
+        CompletedNow::Settled(self.completed_or_deferred(payload, first))
+    }
+
+    /// What the first attempt to record `payload` makes of the completion: recorded,
+    /// deferred to a spawned task while the store is unavailable, or failed; counted.
+    fn completed_or_deferred(
+        &self,
+        payload: Bytes,
+        first: Result<(), StoreError>,
+    ) -> Result<Completion, StoreError> {
+        let result = match first {
+            Ok(()) => Ok(Completion::Recorded),
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(record = %self.id, error = %e, "recording the outcome failed; the caller is answered and the outcome is recorded in the background once the store is back");
+                Ok(Completion::Deferred(self.recorder().spawn(payload, Err(e))))
+            }
+            Err(e) => Err(e),
+        };
+        ended(
+            self.metrics(),
+            result.as_ref().map(|c| match c {
+                Completion::Recorded => Ended::Recorded,
+                Completion::Deferred(_) => Ended::Deferred,
+            }),
+        );
+        result
     }
 
     fn recorder(&self) -> Recorder {
@@ -289,6 +319,15 @@ impl Execution {
             result
         }
     }
+}
+
+/// What [`Execution::complete_or_defer_now`] did.
+pub(crate) enum CompletedNow {
+    /// Completed (or deferred) as [`Execution::complete_or_defer`] would have.
+    Settled(Result<Completion, StoreError>),
+    /// Nothing: the store does not answer in process. The execution and the payload,
+    /// for [`Execution::complete_or_defer`].
+    Later(Execution, Bytes),
 }
 
 impl Drop for Execution {

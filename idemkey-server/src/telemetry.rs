@@ -411,6 +411,42 @@ impl EngineStore {
         self.maybe_observed(Operation::Claim, claim)
     }
 
+    /// [`InProcessStore::claim_now`](crate::store::InProcessStore::claim_now), observed as
+    /// [`EngineStore::claim`] would observe the claim: `None` for a store that does not
+    /// answer in process ([`Store::in_process`]).
+    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<Claim, StoreError>> {
+        let now = self.0.inner().in_process()?;
+        Some(if Self::observed() {
+            self.0.observe_now(Operation::Claim, || now.claim_now(req))
+        } else {
+            now.claim_now(req)
+        })
+    }
+
+    /// [`InProcessStore::complete_now`](crate::store::InProcessStore::complete_now),
+    /// observed as [`EngineStore::complete`] would observe it: `None` for a store that
+    /// does not answer in process.
+    pub(crate) fn complete_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        payload: &Bytes,
+        retention: Duration,
+    ) -> Option<Result<(), StoreError>> {
+        let now = self.0.inner().in_process()?;
+        let complete = || now.complete_now(id, token, payload.clone(), retention);
+        Some(if Self::observed() {
+            self.0.observe_now(Operation::Complete, complete)
+        } else {
+            complete()
+        })
+    }
+
+    /// Whether the store answers in process ([`Store::in_process`]).
+    pub(crate) fn answers_in_process(&self) -> bool {
+        self.0.inner().in_process().is_some()
+    }
+
     /// [`Store::claim_charged`], observed as a claim, as [`EngineStore::claim`].
     pub(crate) fn claim_charged<'a>(
         &'a self,
@@ -476,6 +512,26 @@ impl ObservedStore {
         operation: Operation,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        let watch = self.watch(operation);
+        let result = in_span(fut, &watch.span).await;
+        self.watched(watch, &result);
+        result
+    }
+
+    /// [`observe`](Self::observe) for an operation answered at once.
+    fn observe_now<T>(
+        &self,
+        operation: Operation,
+        op: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let watch = self.watch(operation);
+        let result = watch.span.in_scope(op);
+        self.watched(watch, &result);
+        result
+    }
+
+    /// The span and the clock of one operation, before it runs.
+    fn watch(&self, operation: Operation) -> Watched {
         let span = if observable(STORE_SPAN_LEVEL) {
             tracing::span!(
                 target: "idemkey::store",
@@ -490,20 +546,34 @@ impl ObservedStore {
             Span::none()
         };
         let clock = (telemetry::METRICS || !span.is_disabled()).then(Stopwatch::start);
-        let result = in_span(fut, &span).await;
+        Watched {
+            operation,
+            span,
+            clock,
+        }
+    }
+
+    /// Records how an operation watched by [`watch`](Self::watch) went.
+    fn watched<T>(&self, watch: Watched, result: &Result<T, StoreError>) {
         let error = result.as_ref().err().map(StoreError::kind_name);
-        if let Some(start) = clock {
+        if let Some(start) = watch.clock {
             let took = start.elapsed();
-            self.metrics.store_operation(operation, took, error);
-            if !span.is_disabled() {
-                span.record("idemkey.store.duration_ms", millis(took));
+            self.metrics.store_operation(watch.operation, took, error);
+            if !watch.span.is_disabled() {
+                watch.span.record("idemkey.store.duration_ms", millis(took));
                 if let Some(error) = error {
-                    span.record("error.type", error);
+                    watch.span.record("error.type", error);
                 }
             }
         }
-        result
     }
+}
+
+/// One store operation under way, observed ([`ObservedStore::watch`]).
+struct Watched {
+    operation: Operation,
+    span: Span,
+    clock: Option<Stopwatch>,
 }
 
 fn millis(d: Duration) -> f64 {

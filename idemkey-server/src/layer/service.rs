@@ -163,7 +163,13 @@ where
         };
         let fingerprint = cfg.fingerprinter.fingerprint_parts(&parts, &bytes);
         let claimed = match cfg.in_progress {
-            InProgressPolicy::Reject => cfg.engine.claim(&scope, &key, &fingerprint).await,
+            InProgressPolicy::Reject => match cfg.engine.claim_now(&scope, &key, &fingerprint) {
+                Some(claimed) => claimed,
+                // Boxed: a claim over the network makes the largest future of the
+                // pipeline (above the sizes glibc serves from its per-thread cache), and
+                // a store that answers in process should not pay for it.
+                None => Box::pin(cfg.engine.claim(&scope, &key, &fingerprint)).await,
+            },
             // Boxed: waiting for a duplicate to settle makes the largest future of the
             // pipeline, and only this policy's requests should pay for it.
             InProgressPolicy::Wait(up_to) => {
@@ -354,11 +360,11 @@ where
         // it reads ahead) out of scope by then: a future keeps room for what is in
         // scope at each wait, and what is in scope at two waits takes room in all.
         let (settling, answer) = {
-            // Boxed: inline, it made the execution's future, boxed per request, larger
-            // than the sizes glibc serves from its per-thread cache; a streamed body
-            // keeps this box.
+            // Inline while it reads ahead (the execution's future, boxed per request,
+            // stays within the sizes glibc serves from its per-thread cache); boxed
+            // only for a body that streams on.
             // The tee takes the configuration (a shared count not touched again).
-            let mut tee = Box::new(tee::Inner::new(cfg, exec, &parts, body, grpc));
+            let mut tee = tee::Inner::new(cfg, exec, &parts, body, grpc);
             match std::future::poll_fn(|cx| Poll::Ready(tee.prefetch(cx))).await {
                 // Read whole: the record is made from the read-ahead, then the body is
                 // taken out of it for the caller, who is answered once it is recorded.
@@ -366,7 +372,7 @@ where
                     let settle = tee.settlement(Some(&parts.headers));
                     let (bytes, trailers) = tee.into_full();
                     (
-                        Either::Left(tee::settle_now(settle)),
+                        tee::settle_at_once(settle),
                         Response::from_parts(
                             parts,
                             ResponseBody::full_with_trailers(bytes, trailers),
@@ -374,7 +380,7 @@ where
                     )
                 }
                 Prefetch::Failed(e) => (
-                    Either::Right(tee.fail()),
+                    Some(tee.fail()),
                     tee.config()
                         .answer(Rejection::response_failed(e), grpc_call),
                 ),
@@ -382,12 +388,14 @@ where
                     tee.stream(&parts);
                     return Ok(Response::from_parts(
                         parts,
-                        ResponseBody::wrap(Tee::new(tee)),
+                        ResponseBody::wrap(Tee::new(Box::new(tee))),
                     ));
                 }
             }
         };
-        settling.await;
+        if let Some(settling) = settling {
+            settling.await;
+        }
         Ok(answer)
     }
 }

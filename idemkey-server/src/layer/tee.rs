@@ -27,7 +27,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 
 use super::config::Config;
 use crate::body::{self, BoxError};
-use crate::execution::{Completion, Execution, RenewGuard};
+use crate::execution::{CompletedNow, Completion, Execution, RenewGuard};
 use crate::grpc;
 use crate::policy::Disposition;
 use crate::store::StoreError;
@@ -458,6 +458,26 @@ pub(super) fn settle_now(outcome: Option<Settle>) -> impl Future<Output = ()> + 
     }
 }
 
+/// Settles the outcome at once when the store answers in process (a completion on the
+/// memory store), else hands back the boxed future that settles it, as [`settle_now`];
+/// `None` when nothing is left to wait for.
+///
+/// For a response read whole: the future that answers it then keeps room for a box,
+/// not for the largest of the store's futures.
+pub(super) fn settle_at_once(outcome: Option<Settle>) -> Option<BoxFuture> {
+    match outcome {
+        Some(Settle::Record(exec, payload)) => match exec.complete_or_defer_now(payload) {
+            CompletedNow::Settled(result) => {
+                recorded(result);
+                None
+            }
+            CompletedNow::Later(exec, payload) => Some(Box::pin(record_outcome(exec, payload))),
+        },
+        Some(Settle::Release(exec)) => Some(Box::pin(release(exec))),
+        None => None,
+    }
+}
+
 /// Releases the key of `exec` without an outcome, and logs how that went.
 pub(super) fn release(exec: Execution) -> impl Future<Output = ()> + Send {
     exec.release().map(|result| settle(result, "release"))
@@ -467,10 +487,15 @@ pub(super) fn release(exec: Execution) -> impl Future<Output = ()> + Send {
 /// store outage, in the background (the spawned task owns the outcome and logs how it
 /// ends), so that the caller is not held for as long as the outage lasts.
 pub(super) fn record_outcome(exec: Execution, payload: Bytes) -> impl Future<Output = ()> + Send {
-    exec.complete_or_defer(payload).map(|result| match result {
+    exec.complete_or_defer(payload).map(recorded)
+}
+
+/// Logs how recording an outcome went, when it failed.
+fn recorded(result: Result<Completion, StoreError>) {
+    match result {
         Ok(Completion::Recorded | Completion::Deferred(_)) => {}
         Err(e) => settle(Err(e), "complete"),
-    })
+    }
 }
 
 /// Logs how settling a key went.
