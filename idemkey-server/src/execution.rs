@@ -260,9 +260,7 @@ impl Execution {
         else {
             return CompletedNow::Later(self, payload);
         };
-        if first.is_ok() {
-            engine.metrics.stored_bytes(payload.len());
-        }
+        counted(engine, &payload, &first);
         self.done = true;
         self.slot = None;
         CompletedNow::Settled(self.completed_or_deferred(payload, first))
@@ -522,10 +520,15 @@ fn attempt<'a>(
             .store
             .complete(id, token, payload.clone(), engine.retention)
             .await;
-        if result.is_ok() {
-            engine.metrics.stored_bytes(payload.len());
-        }
+        counted(engine, payload, &result);
         result
+    }
+}
+
+/// Counts `payload` as stored when the attempt to record it succeeded.
+fn counted(engine: &EngineConfig, payload: &Bytes, result: &Result<(), StoreError>) {
+    if result.is_ok() {
+        engine.metrics.stored_bytes(payload.len());
     }
 }
 

@@ -9,7 +9,7 @@
 // their values for nothing.
 #![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 
-use std::future::Future;
+use std::future::{Future, ready};
 use std::sync::Arc;
 #[cfg(feature = "metrics")]
 use std::sync::OnceLock;
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt as _;
-use futures_util::future::{Either, lazy};
+use futures_util::future::Either;
 use http::Method;
 use tracing::field::Empty;
 use tracing::{Instrument, Level, Span};
@@ -399,16 +399,15 @@ impl EngineStore {
     /// [`Store::claim`], observed as [`EngineStore::get`] would, without the observed
     /// store's own boxed future (the claim and the complete are on every fresh
     /// request's path), and without the store's either when it answers in process
-    /// ([`Store::in_process`]).
+    /// ([`Store::in_process`]: then [`EngineStore::claim_now`], made at once).
     pub(crate) fn claim<'a>(
         &'a self,
         req: ClaimRequest<'a>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a {
-        let claim = match self.0.inner().in_process() {
-            Some(now) => Either::Left(lazy(move |_| now.claim_now(&req))),
-            None => Either::Right(self.0.inner().claim(req)),
-        };
-        self.maybe_observed(Operation::Claim, claim)
+        match self.claim_now(&req) {
+            Some(claimed) => Either::Left(ready(claimed)),
+            None => Either::Right(self.maybe_observed(Operation::Claim, self.0.inner().claim(req))),
+        }
     }
 
     /// [`InProcessStore::claim_now`](crate::store::InProcessStore::claim_now), observed as
@@ -416,11 +415,7 @@ impl EngineStore {
     /// answer in process ([`Store::in_process`]).
     pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> Option<Result<Claim, StoreError>> {
         let now = self.0.inner().in_process()?;
-        Some(if Self::observed() {
-            self.0.observe_now(Operation::Claim, || now.claim_now(req))
-        } else {
-            now.claim_now(req)
-        })
+        Some(self.maybe_observed_now(Operation::Claim, || now.claim_now(req)))
     }
 
     /// [`InProcessStore::complete_now`](crate::store::InProcessStore::complete_now),
@@ -434,12 +429,9 @@ impl EngineStore {
         retention: Duration,
     ) -> Option<Result<(), StoreError>> {
         let now = self.0.inner().in_process()?;
-        let complete = || now.complete_now(id, token, payload.clone(), retention);
-        Some(if Self::observed() {
-            self.0.observe_now(Operation::Complete, complete)
-        } else {
-            complete()
-        })
+        Some(self.maybe_observed_now(Operation::Complete, || {
+            now.complete_now(id, token, payload.clone(), retention)
+        }))
     }
 
     /// Whether the store answers in process ([`Store::in_process`]).
@@ -456,7 +448,8 @@ impl EngineStore {
         self.maybe_observed(Operation::Claim, self.0.inner().claim_charged(req, charge))
     }
 
-    /// [`Store::complete`], as [`EngineStore::claim`].
+    /// [`Store::complete`], as [`EngineStore::claim`] (in process:
+    /// [`EngineStore::complete_now`], made at once).
     pub(crate) fn complete<'a>(
         &'a self,
         id: &'a RecordId,
@@ -464,13 +457,26 @@ impl EngineStore {
         payload: Bytes,
         retention: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        let fut = match self.0.inner().in_process() {
-            Some(now) => Either::Left(lazy(move |_| {
-                now.complete_now(id, token, payload, retention)
-            })),
-            None => Either::Right(self.0.inner().complete(id, token, payload, retention)),
-        };
-        self.maybe_observed(Operation::Complete, fut)
+        match self.complete_now(id, token, &payload, retention) {
+            Some(completed) => Either::Left(ready(completed)),
+            None => Either::Right(self.maybe_observed(
+                Operation::Complete,
+                self.0.inner().complete(id, token, payload, retention),
+            )),
+        }
+    }
+
+    /// [`EngineStore::maybe_observed`] for an operation answered at once.
+    fn maybe_observed_now<T>(
+        &self,
+        operation: Operation,
+        op: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if Self::observed() {
+            self.0.observe_now(operation, op)
+        } else {
+            op()
+        }
     }
 
     /// The inner store's future `fut` for `operation`, observed when [`EngineStore::get`]
