@@ -105,16 +105,16 @@ use charge_connection::ChargeConnection;
 const USAGE: &str = "usage: load [--seconds S] [--rounds R] [--connections C] [--threads T]
             [--delay-ms MS] [--proxy PATH/TO/idemkey] [--against PATH/TO/load] [--store URL]
             [--log FILTER [--span-level LEVEL]] [--peers]
-       load --drive ADDR --requests N --workload bare|fresh|replay|floor-fresh|floor-replay|
-            axum-idempotent-fresh|axum-idempotent-replay
+       load --drive ADDR --requests N [--connections C] --workload bare|fresh|replay|
+            floor-fresh|floor-replay|axum-idempotent-fresh|axum-idempotent-replay
        load --serve [--store URL] [--log FILTER] [--span-level LEVEL]
   measures the charge handler bare, behind the verifier with fresh keys, and with replays
   (and behind `idemkey proxy` with --proxy, behind axum-idempotent and
   express-idempotency with --peers); with --against, this build's verifier
   against PATH's (this program built another way); with --log, a server logging at
-  FILTER against one with logging off; with --drive, N sequential requests
-  to a server at ADDR (`load --serve`: its BARE address for bare, VERIFIED, FLOOR or
-  AXUM-IDEMPOTENT otherwise)";
+  FILTER against one with logging off; with --drive, N sequential requests on each
+  of C connections (1 unless given) to a server at ADDR (`load --serve`: its BARE
+  address for bare, VERIFIED, FLOOR or AXUM-IDEMPOTENT otherwise)";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -136,6 +136,8 @@ struct Args {
     /// `--serve`: be the server process instead.
     serve: bool,
     drive: Option<SocketAddr>,
+    /// `--connections` as given: `--drive` runs one connection without it.
+    connections_given: bool,
     requests: u64,
     workload: Workload,
 }
@@ -210,6 +212,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         peers: false,
         serve: false,
         drive: None,
+        connections_given: false,
         requests: 1000,
         workload: Workload::Fresh,
     };
@@ -225,7 +228,10 @@ fn parse_args() -> Result<Option<Args>, String> {
         match arg.as_str() {
             "--seconds" => args.seconds = number("--seconds")?,
             "--rounds" => args.rounds = u32::try_from(number("--rounds")?).unwrap_or(u32::MAX),
-            "--connections" => args.connections = number("--connections")? as usize,
+            "--connections" => {
+                args.connections = number("--connections")? as usize;
+                args.connections_given = true;
+            }
             "--threads" => args.threads = number("--threads")? as usize,
             "--delay-ms" => args.delay_ms = number("--delay-ms")?,
             "--proxy" => {
@@ -457,16 +463,24 @@ async fn drive(args: Args) -> Result<(), String> {
         // Keys of their own for each driver process (the process id as the round), so
         // that a second drive against the same server sends fresh keys again.
         let round = std::process::id();
-        connection(
-            args.workload,
-            addr,
-            0,
-            round,
-            &stop,
-            &done,
-            body,
-            args.requests,
-        )
+        let connections = if args.connections_given {
+            args.connections
+        } else {
+            1
+        };
+        let (stop, done) = (&stop, &done);
+        futures_util::future::try_join_all((0..connections).map(|conn| {
+            connection(
+                args.workload,
+                addr,
+                conn,
+                round,
+                stop,
+                done,
+                body.clone(),
+                args.requests,
+            )
+        }))
         .await?;
         println!(
             "{} {} request(s) in {:.2} s",

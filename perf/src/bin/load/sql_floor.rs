@@ -31,7 +31,9 @@
 //! with no ping as a connection is taken, `test_before_acquire(false)`; it still pings
 //! every connection it takes back, a second round trip per statement) or, on
 //! PostgreSQL, `tokio-postgres` (14 clients of that driver, the statements prepared on
-//! each, taken round-robin):
+//! each, taken round-robin) and `tokio-postgres:N` (N such clients: with fewer clients
+//! than requests in flight each pipelines, so one write carries several requests'
+//! statements):
 //!
 //! ```sh
 //! LOAD_SQL_FLOOR=tokio-postgres cargo run --release -p perf --bin load -- \
@@ -97,8 +99,9 @@ enum Pg {
     Connections(Connections<sqlx::PgConnection>),
     /// `pool`: sqlx's pool, which pings each connection it takes back.
     Pool(sqlx::PgPool),
-    /// `tokio-postgres`: 14 clients of that driver, each with the two statements
-    /// prepared, taken round-robin (a client is shared: it pipelines).
+    /// `tokio-postgres` (or `tokio-postgres:N`): 14 (or N) clients of that driver,
+    /// each with the two statements prepared, taken round-robin (a client is shared:
+    /// it pipelines).
     TokioPostgres(
         Vec<(
             tokio_postgres::Client,
@@ -120,6 +123,26 @@ enum My {
 /// The floor's client chosen by `LOAD_SQL_FLOOR` (default `connections`).
 fn chosen_client() -> String {
     std::env::var("LOAD_SQL_FLOOR").unwrap_or_else(|_| "connections".to_owned())
+}
+
+/// How many tokio-postgres clients `LOAD_SQL_FLOOR=tokio-postgres` or
+/// `tokio-postgres:N` asks for ([`CONNECTIONS`], or N). Requests share them and a
+/// client pipelines what it is given, so with fewer clients than requests in flight
+/// one write to the database carries several requests' statements.
+fn pipelined_clients(chosen: &str) -> Result<usize, String> {
+    match chosen.strip_prefix("tokio-postgres") {
+        Some("") => Ok(CONNECTIONS),
+        Some(n) => n
+            .strip_prefix(':')
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .ok_or(format!(
+                "LOAD_SQL_FLOOR={chosen}: use tokio-postgres or tokio-postgres:N, N at least 1"
+            )),
+        None => Err(format!(
+            "LOAD_SQL_FLOOR={chosen}: not a tokio-postgres client"
+        )),
+    }
 }
 
 /// [`CONNECTIONS`] sqlx connections without a pool, each behind a lock: sqlx's driver
@@ -194,10 +217,11 @@ impl Db {
                     .await
                     .map_err(failed("connecting"))?,
             ),
-            "tokio-postgres" => {
+            chosen if chosen.starts_with("tokio-postgres") => {
                 use tokio_postgres::types::Type;
-                let mut clients = Vec::with_capacity(CONNECTIONS);
-                for _ in 0..CONNECTIONS {
+                let n = pipelined_clients(chosen)?;
+                let mut clients = Vec::with_capacity(n);
+                for _ in 0..n {
                     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                         .await
                         .map_err(|e| format!("the SQL floor: connecting: {e}"))?;
@@ -230,7 +254,8 @@ impl Db {
             }
             other => {
                 return Err(format!(
-                    "LOAD_SQL_FLOOR={other}: use connections, pool or tokio-postgres"
+                    "LOAD_SQL_FLOOR={other}: use connections, pool, tokio-postgres or \
+                     tokio-postgres:N"
                 ));
             }
         };
