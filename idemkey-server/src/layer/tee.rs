@@ -193,16 +193,16 @@ impl Inner {
         Box::pin(settle_now(self.settlement(None)))
     }
 
-    /// How to settle the outcome of a body that ended: the record (the response, or
-    /// that it was too large) or, when the policy says so (a gRPC status that
-    /// releases), a release; `None` once settled. `head`: the response's headers, for a
-    /// response read whole ([`Prefetch::Ended`]); `None` for one that streamed, whose
-    /// headers [`Inner::stream`] copied out.
     /// The layer's configuration.
     pub(super) fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// How to settle the outcome of a body that ended: the record (the response, or
+    /// that it was too large) or, when the policy says so (a gRPC status that
+    /// releases), a release; `None` once settled. `head`: the response's headers, for a
+    /// response read whole ([`Prefetch::Ended`]); `None` for one that streamed, whose
+    /// headers [`Inner::stream`] copied out.
     pub(super) fn settlement(&mut self, head: Option<&HeaderMap>) -> Option<Settle> {
         self.renew = None;
         let exec = self.exec.take()?;
