@@ -18,7 +18,6 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt as _;
-use futures_util::future::Either;
 use http::response::Parts;
 use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -85,6 +84,18 @@ enum Then {
     Trailers(HeaderMap),
     Error(BoxError),
     End,
+}
+
+impl Then {
+    /// The frame the caller gets, or the body's end.
+    fn into_frame(self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        match self {
+            Then::Data(d) => Some(Ok(Frame::data(d))),
+            Then::Trailers(t) => Some(Ok(Frame::trailers(t))),
+            Then::Error(e) => Some(Err(e)),
+            Then::End => None,
+        }
+    }
 }
 
 impl Inner {
@@ -188,9 +199,11 @@ impl Inner {
         (self.queued.take_joined(), self.trailers.take())
     }
 
-    /// Settles the outcome of a body that streamed to its end: see [`Inner::settlement`].
-    fn finish(&mut self) -> BoxFuture {
-        Box::pin(settle_now(self.settlement(None)))
+    /// Settles the outcome of a body that streamed to its end (see
+    /// [`Inner::settlement`]), at once when the store answers in process; else the
+    /// future that settles it.
+    fn finish(&mut self) -> Option<BoxFuture> {
+        settle_at_once(self.settlement(None))
     }
 
     /// The layer's configuration.
@@ -266,12 +279,7 @@ impl Inner {
                     else {
                         unreachable!("matched above")
                     };
-                    return Poll::Ready(match then {
-                        Then::Data(d) => Some(Ok(Frame::data(d))),
-                        Then::Trailers(t) => Some(Ok(Frame::trailers(t))),
-                        Then::Error(e) => Some(Err(e)),
-                        Then::End => None,
-                    });
+                    return Poll::Ready(then.into_frame());
                 }
                 Phase::Streaming => {}
             }
@@ -305,8 +313,13 @@ impl Inner {
                 }
                 None => Then::End,
             };
-            let fut = self.finish();
-            self.phase = Phase::Finishing(fut, then);
+            match self.finish() {
+                Some(fut) => self.phase = Phase::Finishing(fut, then),
+                None => {
+                    self.phase = Phase::Done;
+                    return Poll::Ready(then.into_frame());
+                }
+            }
         }
     }
 }
@@ -443,27 +456,12 @@ pub(super) enum Settle {
     Record(Execution, Bytes),
 }
 
-/// Settles the outcome; nothing when it was settled already.
-///
-/// The store's future itself, mapped, rather than an `async fn` around it, which would
-/// keep a second copy of `outcome` in a future that every fresh request's execution
-/// holds.
-pub(super) fn settle_now(outcome: Option<Settle>) -> impl Future<Output = ()> + Send {
-    match outcome {
-        Some(Settle::Release(exec)) => Either::Left(release(exec)),
-        Some(Settle::Record(exec, payload)) => {
-            Either::Right(Either::Left(record_outcome(exec, payload)))
-        }
-        None => Either::Right(Either::Right(std::future::ready(()))),
-    }
-}
-
 /// Settles the outcome at once when the store answers in process (a completion on the
-/// memory store), else hands back the boxed future that settles it, as [`settle_now`];
-/// `None` when nothing is left to wait for.
+/// memory store), else hands back the boxed future that settles it; `None` when nothing
+/// is left to wait for (settled already, or just now).
 ///
-/// For a response read whole: the future that answers it then keeps room for a box,
-/// not for the largest of the store's futures.
+/// The future that answers a response read whole then keeps room for a box, not for the
+/// largest of the store's futures; a body that streamed ends without one.
 pub(super) fn settle_at_once(outcome: Option<Settle>) -> Option<BoxFuture> {
     match outcome {
         Some(Settle::Record(exec, payload)) => match exec.complete_or_defer_now(payload) {
