@@ -136,20 +136,20 @@ const ALLOCATOR: &[&str] = &[
     "_int_realloc",
 ];
 
+/// What a database driver's symbols name: a socket call under one is the database's.
+const DRIVER: &[&str] = &[
+    "sqlx",
+    "tokio_postgres",
+    "postgres_protocol",
+    "postgres_types",
+    "sqlite3",
+    "flume",
+];
+
 /// Parts of the program by the crates or C libraries their symbols name, in the order
 /// they are tried on each frame.
 const PARTS: &[(&str, &[&str])] = &[
-    (
-        "driver (sqlx, tokio-postgres, SQLite)",
-        &[
-            "sqlx",
-            "tokio_postgres",
-            "postgres_protocol",
-            "postgres_types",
-            "sqlite3",
-            "flume",
-        ],
-    ),
+    ("driver (sqlx, tokio-postgres, SQLite)", DRIVER),
     (
         "verifier (idemkey or the floor)",
         &["idemkey", "floor", "sha2"],
@@ -165,9 +165,11 @@ const PARTS: &[(&str, &[&str])] = &[
 
 fn category(stack: &[Frame]) -> &'static str {
     let is = |names: &[&str]| stack.iter().any(|f| names.contains(&f.symbol.as_str()));
-    let driver = stack
-        .iter()
-        .any(|f| PARTS[0].1.iter().any(|p| f.symbol.contains(p)));
+    let driver = || {
+        stack
+            .iter()
+            .any(|f| DRIVER.iter().any(|p| f.symbol.contains(p)))
+    };
     if is(FSYNC) {
         return "fsync";
     }
@@ -175,10 +177,14 @@ fn category(stack: &[Frame]) -> &'static str {
         return "file read/write";
     }
     if is(SOCKET_SEND) {
-        return if driver { "database send" } else { "HTTP send" };
+        return if driver() {
+            "database send"
+        } else {
+            "HTTP send"
+        };
     }
     if is(SOCKET_RECEIVE) {
-        return if driver {
+        return if driver() {
             "database receive"
         } else {
             "HTTP receive"

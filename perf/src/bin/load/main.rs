@@ -136,8 +136,6 @@ struct Args {
     /// `--serve`: be the server process instead.
     serve: bool,
     drive: Option<SocketAddr>,
-    /// `--connections` as given: `--drive` runs one connection without it.
-    connections_given: bool,
     requests: u64,
     workload: Workload,
 }
@@ -212,10 +210,11 @@ fn parse_args() -> Result<Option<Args>, String> {
         peers: false,
         serve: false,
         drive: None,
-        connections_given: false,
         requests: 1000,
         workload: Workload::Fresh,
     };
+    // `--drive` runs one connection unless `--connections` says otherwise.
+    let mut connections_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut number = |what: &str| -> Result<u64, String> {
@@ -230,7 +229,7 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--rounds" => args.rounds = u32::try_from(number("--rounds")?).unwrap_or(u32::MAX),
             "--connections" => {
                 args.connections = number("--connections")? as usize;
-                args.connections_given = true;
+                connections_given = true;
             }
             "--threads" => args.threads = number("--threads")? as usize,
             "--delay-ms" => args.delay_ms = number("--delay-ms")?,
@@ -277,6 +276,9 @@ fn parse_args() -> Result<Option<Args>, String> {
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other}; {USAGE}")),
         }
+    }
+    if args.drive.is_some() && !connections_given {
+        args.connections = 1;
     }
     Ok(Some(args))
 }
@@ -463,13 +465,8 @@ async fn drive(args: Args) -> Result<(), String> {
         // Keys of their own for each driver process (the process id as the round), so
         // that a second drive against the same server sends fresh keys again.
         let round = std::process::id();
-        let connections = if args.connections_given {
-            args.connections
-        } else {
-            1
-        };
         let (stop, done) = (&stop, &done);
-        futures_util::future::try_join_all((0..connections).map(|conn| {
+        futures_util::future::try_join_all((0..args.connections).map(|conn| {
             connection(
                 args.workload,
                 addr,

@@ -130,19 +130,12 @@ fn chosen_client() -> String {
 /// client pipelines what it is given, so with fewer clients than requests in flight
 /// one write to the database carries several requests' statements.
 fn pipelined_clients(chosen: &str) -> Result<usize, String> {
-    match chosen.strip_prefix("tokio-postgres") {
-        Some("") => Ok(CONNECTIONS),
-        Some(n) => n
-            .strip_prefix(':')
-            .and_then(|n| n.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .ok_or(format!(
-                "LOAD_SQL_FLOOR={chosen}: use tokio-postgres or tokio-postgres:N, N at least 1"
-            )),
-        None => Err(format!(
-            "LOAD_SQL_FLOOR={chosen}: not a tokio-postgres client"
-        )),
-    }
+    let Some(n) = chosen.strip_prefix("tokio-postgres:") else {
+        return Ok(CONNECTIONS);
+    };
+    n.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!(
+        "LOAD_SQL_FLOOR={chosen}: N of tokio-postgres:N is at least 1"
+    ))
 }
 
 /// [`CONNECTIONS`] sqlx connections without a pool, each behind a lock: sqlx's driver
@@ -217,7 +210,7 @@ impl Db {
                     .await
                     .map_err(failed("connecting"))?,
             ),
-            chosen if chosen.starts_with("tokio-postgres") => {
+            chosen if chosen == "tokio-postgres" || chosen.starts_with("tokio-postgres:") => {
                 use tokio_postgres::types::Type;
                 let n = pipelined_clients(chosen)?;
                 let mut clients = Vec::with_capacity(n);
