@@ -176,6 +176,17 @@ async fn bad_configuration_is_a_configuration_error_and_unreachable_is_unavailab
         err.is_configuration() && err.to_string().contains("table name"),
         "{err}"
     );
+    for n in [1, 262_144, u32::MAX] {
+        let err = PostgresStore::builder(support::postgres_url())
+            .max_connections(n)
+            .connect()
+            .await
+            .expect_err("a budget PostgreSQL cannot serve");
+        assert!(
+            err.is_configuration() && err.to_string().contains("max_connections"),
+            "{n}: {err}"
+        );
+    }
 
     // The server answers, and refuses what the URL asks for: fix the URL, not "retry".
     let shared = sqlx::postgres::PgConnectOptions::from_str(&support::postgres_url())
@@ -727,38 +738,21 @@ async fn lock_table(
     lock
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_cancelled_mid_statement_closes_its_connection_and_the_next_is_served() {
-    let (table, app) = (
-        support::unique("idemkey_cancel"),
-        support::unique("idemkey_cancel"),
-    );
-    // 3 connections: 1 for requests, so the next request would reuse the cancelled one.
-    let (store, admin) = store_named(&app, &table, |b| b.max_connections(3)).await;
-    let lock = lock_table(&admin, &table).await;
-    let cancelled = RecordId::new("t", "cancelled");
-    let claiming = tokio::spawn({
-        let store = store.clone();
-        async move {
-            let token = FencingToken::random();
-            store
-                .claim(ClaimRequest {
-                    id: &cancelled,
-                    fingerprint: b"fp",
-                    token,
-                    lease: Duration::from_secs(60),
-                    retention: Duration::from_secs(60),
-                })
-                .await
-        }
-    });
-    // The claim's statement is on the server, waiting for the lock: drop the request.
-    let blocked = lock_waiters(&admin, &app, 1).await;
-    claiming.abort();
-    assert!(claiming.await.expect_err("aborted").is_cancelled());
-    lock.rollback().await.expect("unlock");
+/// The backends of `app` whose last statement was the claim.
+async fn claiming_sessions(admin: &sqlx::PgPool, app: &str) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1
+         AND query LIKE 'WITH live AS%'",
+    )
+    .bind(app)
+    .fetch_all(admin)
+    .await
+    .expect("read pg_stat_activity")
+}
 
-    let (id, token) = (RecordId::new("t", "next"), FencingToken::random());
+/// A fresh key's claim and completion, then its replay, all served.
+async fn serve_a_key(store: &PostgresStore, key: &str) {
+    let (id, token) = (RecordId::new("t", key), FencingToken::random());
     let claim = |token| ClaimRequest {
         id: &id,
         fingerprint: b"fp",
@@ -784,18 +778,82 @@ async fn a_claim_cancelled_mid_statement_closes_its_connection_and_the_next_is_s
             payload: "reply".into()
         }
     );
-    // The replay ran on a new session: the cancelled one was not handed out again.
-    let served: Vec<i32> = sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = $1
-         AND state = 'idle' AND query LIKE 'WITH live AS%'",
-    )
-    .bind(&app)
-    .fetch_all(&admin)
-    .await
-    .expect("read pg_stat_activity");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cancelled_mid_statement_leaves_its_session_serving_the_others() {
+    let (table, app) = (
+        support::unique("idemkey_cancel"),
+        support::unique("idemkey_cancel"),
+    );
+    // 3 connections: 1 for requests, so every statement goes to the same session.
+    let (store, admin) = store_named(&app, &table, |b| b.max_connections(3)).await;
+    let lock = lock_table(&admin, &table).await;
+    let cancelled = RecordId::new("t", "cancelled");
+    let claiming = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let token = FencingToken::random();
+            store
+                .claim(ClaimRequest {
+                    id: &cancelled,
+                    fingerprint: b"fp",
+                    token,
+                    lease: Duration::from_secs(60),
+                    retention: Duration::from_secs(60),
+                })
+                .await
+        }
+    });
+    // The claim's statement is on the server, waiting for the lock: drop the request.
+    let blocked = lock_waiters(&admin, &app, 1).await;
+    claiming.abort();
+    assert!(claiming.await.expect_err("aborted").is_cancelled());
+    lock.rollback().await.expect("unlock");
+
+    serve_a_key(&store, "next").await;
+    // The same session served them: the cancelled statement's answer was read and
+    // dropped, and the session was neither closed nor left out of step.
+    assert_eq!(claiming_sessions(&admin, &app).await, blocked);
+    support::drop_postgres_table(&table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_server_ends_is_replaced() {
+    let (table, app) = (
+        support::unique("idemkey_ended"),
+        support::unique("idemkey_ended"),
+    );
+    let (store, admin) = store_named(&app, &table, |b| b.max_connections(3)).await;
+    serve_a_key(&store, "before").await;
+    let ended = claiming_sessions(&admin, &app).await;
+    assert_eq!(ended.len(), 1, "one request session: {ended:?}");
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(ended[0])
+        .fetch_one(&admin)
+        .await
+        .expect("pg_terminate_backend");
+    assert!(terminated);
+    // A statement sent before the client learnt of the end fails unavailable (503);
+    // the next is served on a new session.
+    let mut served = false;
+    for attempt in 0..50 {
+        let claim = support::busy_store::claim_new(&store, &format!("after-{attempt}")).await;
+        match claim {
+            Ok(claim) => {
+                assert_eq!(claim, Claim::Acquired { takeover: false });
+                served = true;
+                break;
+            }
+            Err(e) => assert!(e.is_unavailable(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "no claim was served after the session ended");
+    let now = claiming_sessions(&admin, &app).await;
     assert!(
-        served.iter().any(|pid| !blocked.contains(pid)),
-        "the replay ran on {served:?}, the cancelled claim on {blocked:?}"
+        now.len() == 1 && now[0] != ended[0],
+        "served on {now:?}, the ended session was {ended:?}"
     );
     support::drop_postgres_table(&table).await;
 }
@@ -813,10 +871,12 @@ async fn the_connection_budget_holds_and_a_request_waits_at_most_acquire_timeout
     })
     .await;
     let lock = lock_table(&admin, &table).await;
-    let mut crowd = support::busy_store::Crowd::start(std::sync::Arc::new(store), 8);
-    // Every connection is busy: the 3 request connections and the sweep's batch wait
-    // for the lock (the sweep's lock connection beside it). The 5 other claims, and a
-    // second sweep, wait for a connection and give up after the timeout.
+    // Each request session carries 4 statements at most (the store's pipeline depth).
+    let mut crowd = support::busy_store::Crowd::start(std::sync::Arc::new(store), 3 * 4 + 5);
+    // Every connection is busy: the 3 request sessions, with 12 claims between them,
+    // and the sweep's batch wait for the lock (the sweep's lock connection beside it).
+    // The 5 other claims, and a second sweep, wait for room and give up after the
+    // timeout.
     lock_waiters(&admin, &app, 4).await;
     crowd.expect_refused(3, 5).await;
     let sessions: i64 =

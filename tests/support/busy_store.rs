@@ -10,6 +10,21 @@ use idemkey::store::{
 };
 use tokio::task::{JoinHandle, JoinSet};
 
+/// A claim of `key` (scope `t`, fingerprint `fp`) with a new token and a minute's lease
+/// and retention.
+pub(crate) async fn claim_new(store: &dyn Store, key: &str) -> Result<Claim, StoreError> {
+    let id = RecordId::new("t", key);
+    store
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(60),
+        })
+        .await
+}
+
 /// `claims` claims of new keys and one sweep pass, started on `store` (whose table
 /// another session holds locked).
 pub(crate) struct Crowd {
@@ -23,18 +38,7 @@ impl Crowd {
         let mut set = JoinSet::new();
         for i in 0..claims {
             let store = Arc::clone(&store);
-            set.spawn(async move {
-                let id = RecordId::new("t", &format!("k{i}"));
-                store
-                    .claim(ClaimRequest {
-                        id: &id,
-                        fingerprint: b"fp",
-                        token: FencingToken::random(),
-                        lease: Duration::from_secs(60),
-                        retention: Duration::from_secs(60),
-                    })
-                    .await
-            });
+            set.spawn(async move { claim_new(&*store, &format!("k{i}")).await });
         }
         let sweep = tokio::spawn({
             let store = Arc::clone(&store);
@@ -47,8 +51,8 @@ impl Crowd {
         }
     }
 
-    /// Once the request connections (`requests` of them) and the sweep's two wait for
-    /// the lock: `refused` claims come back unavailable after the acquire timeout, and
+    /// Once the request connections (`requests` of them, with as many claims as they
+    /// carry) and the sweep's two wait for the lock: `refused` claims come back unavailable after the acquire timeout, and
     /// so does a second sweep (which, had it a connection, would find the sweep lock
     /// taken and return at once).
     pub(crate) async fn expect_refused(&mut self, requests: usize, refused: usize) {
@@ -61,7 +65,7 @@ impl Crowd {
                 .expect("not cancelled")
                 .expect_err("no connection came free");
             assert!(err.is_unavailable(), "{err}");
-            let says = format!("none of the {requests} request connections came free");
+            let says = format!("none of the {requests} request connections");
             assert!(err.to_string().contains(&says), "{err}");
         }
         let second = self

@@ -60,7 +60,7 @@ mod postgres;
 mod quota;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "mysql")]
 mod request_pool;
 pub mod sizing;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]

@@ -9,10 +9,10 @@ use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::pool::PoolConnection;
 
-use super::request_pool::{RequestPool, split_budget};
+use super::request_pool::RequestPool;
 use super::sql::{
-    DEFAULT_TABLE, TableName, connect_failed, decode_claim, decode_info, fenced, pool_options, sql,
-    sweep_lock_name, takeover_sets, unavailable,
+    DEFAULT_TABLE, SqlxRow, TableName, connect_failed, decode_claim, decode_info, fenced,
+    pool_options, split_budget, sql, sweep_lock_name, takeover_sets, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
 use super::{
@@ -514,7 +514,7 @@ impl MySqlStore {
                     .fetch_one(conn.conn())
                     .await;
                 let row = conn.finish(row).map_err(failed)?;
-                decode_claim(&row, Duration::from_micros)
+                decode_claim(&SqlxRow(&row), Duration::from_micros)
             }
             Dialect::InsertThenSelect => {
                 // One round trip: prepared statements take one statement each, so the
@@ -551,7 +551,7 @@ impl MySqlStore {
                     }
                 }
                 if let Some(row) = conn.finish(claimed).map_err(failed)? {
-                    return decode_claim(&row, Duration::from_micros);
+                    return decode_claim(&SqlxRow(&row), Duration::from_micros);
                 }
                 Err(StoreError::unavailable(
                     format!(

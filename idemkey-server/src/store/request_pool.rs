@@ -1,6 +1,8 @@
-//! The connections of the PostgreSQL and MySQL stores' request path (claim, complete,
-//! renew, release): a pool that checks a connection only when it has sat idle, and
-//! never as it takes one back.
+//! The connections of the MySQL store's request path (claim, complete, renew,
+//! release): a pool that checks a connection only when it has sat idle, and never as
+//! it takes one back. (The PostgreSQL store's request path shares tokio-postgres
+//! clients instead: `postgres/session.rs`. The tests below run this pool over
+//! PostgreSQL connections, whose backends `pg_stat_activity` names.)
 //!
 //! sqlx's pool pings every connection it takes back (sqlx-core 0.9
 //! `src/pool/connection.rs`, `Floating::return_to_pool`: an unconditional
@@ -26,9 +28,9 @@
 //! a quiet service does not hold the database's sessions and a long-lived one moves
 //! to a database's new address or settings in bounded time.
 //!
-//! Everything else (migrations, sweeps, `LISTEN`, the admin operations) stays on the
-//! store's sqlx pool; the two pools share the store's connection budget
-//! ([`split_budget`]).
+//! Everything else (migrations, sweeps, the admin operations) stays on the store's sqlx
+//! pool; the two pools share the store's connection budget
+//! ([`split_budget`](super::sql::split_budget)).
 
 use std::time::Duration;
 
@@ -36,50 +38,7 @@ use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleR
 use sqlx::{ConnectOptions, Connection};
 
 use super::StoreError;
-use super::sql::{CHECK_AFTER_IDLE, IDLE_TIMEOUT, MAX_LIFETIME, describe};
-
-/// How the store's `max_connections` is shared: `others` (or all but one, when the
-/// budget is smaller) for the sqlx pool of everything off the request path, the rest
-/// for the request path. The two never hold more than `total` connections together.
-///
-/// # Errors
-///
-/// A configuration error when `total` is below 2: each pool needs a connection.
-pub(crate) fn split_budget(db: &str, total: u32, others: u32) -> Result<(u32, u32), StoreError> {
-    if total < 2 {
-        return Err(StoreError::configuration(format!(
-            "{db}: max_connections is {total}; it must be at least 2 (one for requests, \
-             one for migrations, sweeps and the admin operations); {} or more lets a \
-             sweep run beside them",
-            others + 1
-        )));
-    }
-    let others = others.clamp(1, total - 1);
-    Ok((total - others, others))
-}
-
-/// How long connections live: [`IDLE_TIMEOUT`] and [`MAX_LIFETIME`], as in the store's
-/// other pool, but in tests.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Ageing {
-    pub(crate) idle_timeout: Duration,
-    pub(crate) max_lifetime: Duration,
-}
-
-impl Default for Ageing {
-    fn default() -> Self {
-        Self {
-            idle_timeout: IDLE_TIMEOUT,
-            max_lifetime: MAX_LIFETIME,
-        }
-    }
-}
-
-impl Ageing {
-    fn keeps(&self, metrics: &Metrics) -> bool {
-        metrics.last_used() < self.idle_timeout && metrics.age() < self.max_lifetime
-    }
-}
+use super::sql::{Ageing, CHECK_AFTER_IDLE, describe};
 
 /// Opens and checks the connections of a [`RequestPool`].
 pub(crate) struct Manager<C: Connection> {
@@ -99,7 +58,7 @@ impl<C: Connection> managed::Manager for Manager<C> {
     /// ago; one that fails it, or has outlived [`Ageing`], is closed, and the pool
     /// takes or opens another.
     async fn recycle(&self, conn: &mut C, metrics: &Metrics) -> RecycleResult<sqlx::Error> {
-        if !self.ageing.keeps(metrics) {
+        if !self.ageing.keeps(metrics.last_used(), metrics.age()) {
             return Err(RecycleError::message(
                 "the connection reached its maximum lifetime or idle time",
             ));
@@ -220,7 +179,7 @@ async fn reap_idle<C: Connection>(pool: managed::WeakPool<Manager<C>>, ageing: A
     loop {
         tokio::time::sleep(every).await;
         let Some(pool) = pool.upgrade() else { return };
-        drop(pool.retain(|_, metrics| ageing.keeps(&metrics)));
+        drop(pool.retain(|_, m| ageing.keeps(m.last_used(), m.age())));
     }
 }
 
@@ -277,8 +236,6 @@ fn leaves_session_usable(e: &sqlx::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::split_budget;
-
     /// Ageing on a real PostgreSQL (`IDEMKEY_POSTGRES_URL`, default
     /// `postgres://postgres@127.0.0.1:5432/test`): which backend serves each statement.
     #[cfg(feature = "postgres")]
@@ -288,7 +245,8 @@ mod tests {
 
         use sqlx::postgres::{PgConnectOptions, PgConnection};
 
-        use super::super::{Ageing, RequestPool};
+        use super::super::RequestPool;
+        use crate::store::sql::Ageing;
 
         const LONG: Duration = Duration::from_secs(3600);
 
@@ -362,21 +320,5 @@ mod tests {
             }
             false
         }
-    }
-
-    #[test]
-    fn the_budget_is_split_never_exceeded() {
-        assert_eq!(split_budget("db", 16, 2).expect("valid"), (14, 2));
-        assert_eq!(split_budget("db", 3, 3).expect("valid"), (1, 2));
-        assert_eq!(split_budget("db", 2, 3).expect("valid"), (1, 1));
-        for total in 2..40 {
-            for others in 0..5 {
-                let (requests, rest) = split_budget("db", total, others).expect("valid");
-                assert_eq!(requests + rest, total);
-                assert!(requests >= 1 && rest >= 1);
-            }
-        }
-        let err = split_budget("PostgreSQL", 1, 2).expect_err("too small");
-        assert!(err.is_configuration(), "{err}");
     }
 }

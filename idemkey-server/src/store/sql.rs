@@ -62,6 +62,54 @@ fn check_if_idle<DB: sqlx::Database>(
     Box::pin(async move { Ok(meta.idle_for <= CHECK_AFTER_IDLE || conn.ping().await.is_ok()) })
 }
 
+/// How the store's `max_connections` is shared: `others` (or all but one, when the
+/// budget is smaller) for the sqlx pool of everything off the request path, the rest
+/// for the request path. The two never hold more than `total` connections together.
+///
+/// # Errors
+///
+/// A configuration error when `total` is below 2: each pool needs a connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn split_budget(db: &str, total: u32, others: u32) -> Result<(u32, u32), StoreError> {
+    if total < 2 {
+        return Err(StoreError::configuration(format!(
+            "{db}: max_connections is {total}; it must be at least 2 (one for requests, \
+             one for migrations, sweeps and the admin operations); {} or more lets a \
+             sweep run beside them",
+            others + 1
+        )));
+    }
+    let others = others.clamp(1, total - 1);
+    Ok((total - others, others))
+}
+
+/// How long the request path's connections live (the PostgreSQL and MySQL stores'):
+/// [`IDLE_TIMEOUT`] and [`MAX_LIFETIME`], as in the store's other pool, but in tests.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ageing {
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_lifetime: Duration,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Default for Ageing {
+    fn default() -> Self {
+        Self {
+            idle_timeout: IDLE_TIMEOUT,
+            max_lifetime: MAX_LIFETIME,
+        }
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Ageing {
+    /// Whether a connection last used `idle` ago and opened `age` ago is kept.
+    pub(crate) fn keeps(&self, idle: Duration, age: Duration) -> bool {
+        idle < self.idle_timeout && age < self.max_lifetime
+    }
+}
+
 /// A validated table name, optionally schema-qualified, kept quoted for SQL.
 #[derive(Debug, Clone)]
 pub(crate) struct TableName {
@@ -167,44 +215,69 @@ pub(crate) fn takeover_sets(expired: &str, columns: &[(&str, &str)]) -> String {
         .join(",\n  ")
 }
 
-/// Reads the row returned by the claim statement: columns `won`, `taken_over`,
-/// `fingerprint`, `payload` and `remaining` (the lease left, converted by `remaining`).
-pub(crate) fn decode_claim<'r, R>(
-    row: &'r R,
-    remaining: impl FnOnce(u64) -> Duration,
-) -> Result<Claim, StoreError>
+/// The claim statement's row, read by column name, whatever the driver: sqlx's rows
+/// through [`SqlxRow`], tokio-postgres's (the PostgreSQL store's request path) by an
+/// impl of its own. A column that cannot be read as asked says why.
+pub(crate) trait ClaimRow {
+    fn boolean(&self, column: &str) -> Result<bool, String>;
+    fn integer(&self, column: &str) -> Result<i64, String>;
+    /// A `bytea`/`BLOB` column that may be `NULL`.
+    fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, String>;
+}
+
+/// A sqlx row, as a [`ClaimRow`].
+pub(crate) struct SqlxRow<'a, R>(pub(crate) &'a R);
+
+impl<R> ClaimRow for SqlxRow<'_, R>
 where
     R: Row,
-    &'r str: ColumnIndex<R>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'s> &'s str: ColumnIndex<R>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let corrupt = |e: sqlx::Error| StoreError::corrupt(format!("the claim returned {e}"));
-    if row.try_get::<bool, _>("won").map_err(corrupt)? {
+    fn boolean(&self, column: &str) -> Result<bool, String> {
+        self.0.try_get(column).map_err(|e| e.to_string())
+    }
+
+    fn integer(&self, column: &str) -> Result<i64, String> {
+        self.0.try_get(column).map_err(|e| e.to_string())
+    }
+
+    fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, String> {
+        self.0.try_get(column).map_err(|e| e.to_string())
+    }
+}
+
+/// Reads the row returned by the claim statement: columns `won`, `taken_over`,
+/// `fingerprint`, `payload` and `remaining` (the lease left, converted by `remaining`).
+pub(crate) fn decode_claim<R: ClaimRow>(
+    row: &R,
+    remaining: impl FnOnce(u64) -> Duration,
+) -> Result<Claim, StoreError> {
+    let corrupt = |e: String| StoreError::corrupt(format!("the claim returned {e}"));
+    if row.boolean("won").map_err(corrupt)? {
         return Ok(Claim::Acquired {
-            takeover: row.try_get("taken_over").map_err(corrupt)?,
+            takeover: row.boolean("taken_over").map_err(corrupt)?,
         });
     }
-    let fingerprint = Bytes::from(row.try_get::<Vec<u8>, _>("fingerprint").map_err(corrupt)?);
-    Ok(
-        match row
-            .try_get::<Option<Vec<u8>>, _>("payload")
-            .map_err(corrupt)?
-        {
-            Some(payload) => Claim::Completed {
-                fingerprint,
-                payload: payload.into(),
-            },
-            None => {
-                let left: i64 = row.try_get("remaining").map_err(corrupt)?;
-                Claim::InProgress {
-                    fingerprint,
-                    lease_remaining: remaining(u64::try_from(left).unwrap_or(0)),
-                }
-            }
+    let fingerprint = row
+        .bytes("fingerprint")
+        .map_err(corrupt)?
+        .ok_or_else(|| corrupt("a NULL fingerprint".to_owned()))?;
+    Ok(match row.bytes("payload").map_err(corrupt)? {
+        Some(payload) => Claim::Completed {
+            fingerprint: fingerprint.into(),
+            payload: payload.into(),
         },
-    )
+        None => {
+            let left = row.integer("remaining").map_err(corrupt)?;
+            Claim::InProgress {
+                fingerprint: fingerprint.into(),
+                lease_remaining: remaining(u64::try_from(left).unwrap_or(0)),
+            }
+        }
+    })
 }
 
 /// Reads a row of `inspect` or `list_in_progress`: columns `id`, `in_progress`,
@@ -249,10 +322,18 @@ where
 /// The outcome of a fenced write (complete, renew, release: one statement whose
 /// `WHERE` holds only while the token holds the record): one row written, or fenced.
 pub(crate) fn fenced(what: &str, rows: Result<u64, sqlx::Error>) -> Result<(), StoreError> {
+    fenced_by(rows, |e| unavailable(what, e))
+}
+
+/// [`fenced`], for any driver: its error goes through `failed`.
+pub(crate) fn fenced_by<E>(
+    rows: Result<u64, E>,
+    failed: impl FnOnce(E) -> StoreError,
+) -> Result<(), StoreError> {
     match rows {
         Ok(1) => Ok(()),
         Ok(_) => Err(StoreError::fenced()),
-        Err(e) => Err(unavailable(what, e)),
+        Err(e) => Err(failed(e)),
     }
 }
 
@@ -285,39 +366,47 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
     }
 }
 
+/// PostgreSQL's answers to a connection that retrying will not change: SQLSTATE 3D000
+/// (no such database), 28000 (no such role, or no `pg_hba.conf` entry), 28P01 (wrong
+/// password).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) const REFUSED_SQLSTATES: [&str; 3] = ["3D000", "28000", "28P01"];
+
+/// The advice of a connection the server refused: retrying will not help.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn refused(db: &str, at: &str, message: &str) -> String {
+    format!(
+        "{db} at {at} refused the connection: {message}; check the database name, user \
+         and password in the URL"
+    )
+}
+
 /// A failed connection to the database server `db` (PostgreSQL, MySQL) at `at`
 /// (host:port): a configuration error when the server answered and refused what the URL
 /// asks for (no such database, an unknown user, a wrong password) or the URL is
 /// invalid; otherwise unavailable, naming the address tried.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn connect_failed(db: &str, at: &str, e: sqlx::Error) -> StoreError {
-    /// Errors of the server's answer to a connection that retrying will not change:
-    // PostgreSQL's SQLSTATE 3D000 (no such database), 28000 (no such role, or no
-    // pg_hba.conf entry), 28P01 (wrong password); MySQL's and MariaDB's error numbers
-    // 1044 and 1045 (access denied), 1049 (unknown database), 1698 (access denied to a
-    // socket user).
-    const SQLSTATES: [&str; 3] = ["3D000", "28000", "28P01"];
+    // Errors of the server's answer to a connection that retrying will not change:
+    // PostgreSQL's ([`REFUSED_SQLSTATES`]); MySQL's and MariaDB's error numbers 1044 and
+    // 1045 (access denied), 1049 (unknown database), 1698 (access denied to a socket
+    // user).
     const MYSQL_ERRORS: [u16; 4] = [1044, 1045, 1049, 1698];
-    let refused = |d: &dyn sqlx::error::DatabaseError| {
+    let is_refusal = |d: &dyn sqlx::error::DatabaseError| {
         #[cfg(feature = "mysql")]
         if let Some(m) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
             return MYSQL_ERRORS.contains(&m.number());
         }
         let _ = MYSQL_ERRORS;
-        d.code().is_some_and(|c| SQLSTATES.contains(&&*c))
+        d.code().is_some_and(|c| REFUSED_SQLSTATES.contains(&&*c))
     };
     match &e {
         sqlx::Error::Configuration(_) => {
             StoreError::configuration_from(format!("{db}: the URL is invalid ({e})"), e)
         }
-        sqlx::Error::Database(d) if refused(&**d) => StoreError::configuration_from(
-            format!(
-                "{db} at {at} refused the connection: {}; check the database name, user \
-                     and password in the URL",
-                d.message()
-            ),
-            e,
-        ),
+        sqlx::Error::Database(d) if is_refusal(&**d) => {
+            StoreError::configuration_from(refused(db, at, d.message()), e)
+        }
         _ => StoreError::unavailable(
             format!("{db}: connecting to {at} failed ({})", describe(&e)),
             e,
@@ -328,6 +417,25 @@ pub(crate) fn connect_failed(db: &str, at: &str, e: sqlx::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::TableName;
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    use super::split_budget;
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[test]
+    fn the_budget_is_split_never_exceeded() {
+        assert_eq!(split_budget("db", 16, 2).expect("valid"), (14, 2));
+        assert_eq!(split_budget("db", 3, 3).expect("valid"), (1, 2));
+        assert_eq!(split_budget("db", 2, 3).expect("valid"), (1, 1));
+        for total in 2..40 {
+            for others in 0..5 {
+                let (requests, rest) = split_budget("db", total, others).expect("valid");
+                assert_eq!(requests + rest, total);
+                assert!(requests >= 1 && rest >= 1);
+            }
+        }
+        let err = split_budget("PostgreSQL", 1, 2).expect_err("too small");
+        assert!(err.is_configuration(), "{err}");
+    }
 
     #[test]
     fn table_names_are_validated_and_quoted() {

@@ -41,8 +41,8 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
-    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, decode_claim, decode_info, fenced,
-    pool_options, sql, unavailable,
+    ADDED_COLUMNS, DEFAULT_TABLE, SqlxRow, TableName, claim_sets, decode_claim, decode_info,
+    fenced, pool_options, sql, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
 use super::{
@@ -372,7 +372,7 @@ impl InboxSql for SqliteStore {
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| unavailable("SQLite: the inbox claiming a record", e))?;
-        decode_claim(&row, Duration::from_millis)
+        decode_claim(&SqlxRow(&row), Duration::from_millis)
     }
 
     async fn record(
@@ -493,7 +493,7 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| unavailable("SQLite: reading a record", e))?;
         if let Some(row) = live {
-            return decode_claim(&row, Duration::from_millis);
+            return decode_claim(&SqlxRow(&row), Duration::from_millis);
         }
         // None live as of the read: claim atomically (a concurrent claim may have won
         // since; the statement then returns its row).
@@ -507,7 +507,7 @@ impl Store for SqliteStore {
             .fetch_one(&self.writer)
             .await
             .map_err(|e| unavailable("SQLite: claiming a record", e))?;
-        decode_claim(&row, Duration::from_millis)
+        decode_claim(&SqlxRow(&row), Duration::from_millis)
     }
 
     async fn complete(

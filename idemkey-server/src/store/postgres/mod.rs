@@ -31,20 +31,23 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgConnection, PgListener, PgPool, Postgres};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, Postgres};
 use sqlx::{AssertSqlSafe, Row};
+use tokio_postgres::types::ToSql;
 
+use self::session::{Prepared, Sessions, Target};
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
-use super::request_pool::{RequestPool, split_budget};
 use super::sql::{
-    ADDED_COLUMNS, DEFAULT_TABLE, TableName, claim_sets, connect_failed, decode_claim, decode_info,
-    fenced, pool_options, sql, sweep_lock_name, unavailable,
+    ADDED_COLUMNS, DEFAULT_TABLE, SqlxRow, TableName, claim_sets, connect_failed, decode_claim,
+    decode_info, fenced, fenced_by, pool_options, split_budget, sql, sweep_lock_name, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
 use super::{
     Claim, ClaimRequest, FencingToken, PollingWatch, RecordId, RecordInfo, Settlements, Store,
     StoreError, SweepOptions, SweepReport, Watch, clamp_forever,
 };
+
+mod session;
 
 /// A store shared by every instance of an application through one PostgreSQL database.
 ///
@@ -136,12 +139,24 @@ use super::{
 /// every few minutes with [`spawn_sweeper`](crate::store::spawn_sweeper).
 /// `BENCHMARKS.md` has what the layout does under churn (HOT updates, table and index
 /// sizes after many sweeps).
+///
+/// # Connections
+///
+/// The request path (claim, complete, renew, release) runs on tokio-postgres, whose
+/// clients spend less CPU per statement than sqlx's connections; the statements are
+/// prepared once per connection. Everything else (migrations, sweeps, `LISTEN`, the
+/// admin operations) runs on a sqlx pool. Both read the same URL: host (or a socket
+/// directory, `?host=/path`), port, user, password (the URL's, else `PGPASSWORD`),
+/// database, `application_name` and `options`. The connections are not encrypted:
+/// `sslmode=prefer` (the default) connects in plain text, `require` and stricter fail
+/// to connect; keep the database on a private network or behind a local TLS proxy.
 #[derive(Clone)]
 pub struct PostgresStore {
     /// Everything off the request path: migrations, sweeps, `LISTEN`, admin.
     pool: PgPool,
-    /// The request path: claim, complete, renew, release.
-    requests: RequestPool<PgConnection>,
+    /// The request path: claim, complete, renew, release (on tokio-postgres: see
+    /// `session.rs`).
+    requests: Sessions,
     table: TableName,
     sql: Arc<Statements>,
     inbox_retention: Duration,
@@ -171,6 +186,10 @@ const DROPPED_INDEXES: [&str; 2] = ["expires_at", "in_progress"];
 /// its batches') and the admin operations; one more with
 /// [`PostgresStoreBuilder::notify`], for `LISTEN`.
 const OTHER_CONNECTIONS: u32 = 2;
+
+/// The most connections a PostgreSQL server accepts (its source's `MAX_BACKENDS`,
+/// `0x3FFFF`): the most a store may ask for.
+const MAX_BACKENDS: u32 = (1 << 18) - 1;
 
 /// The channel complete and release notify (with `notify(true)`), the record id in hex
 /// as payload.
@@ -397,15 +416,18 @@ impl PostgresStoreBuilder {
     }
 
     /// The most connections the store holds to the database at once (default 16, at
-    /// least 2): all but 2 (3 with [`notify`](Self::notify)) serve the request path
-    /// (claim, complete, renew, release), the others migrations, sweeps (a pass takes
-    /// two), `LISTEN` and the admin operations, each on a pool of its own so that
-    /// neither waits for the other. With fewer than 3 (4 with `notify`), the request
-    /// path keeps one and the rest share what is left. Connections are opened on demand
-    /// (one at [`connect`](Self::connect)); as in sqlx's pool, one idle for 10 minutes
-    /// is closed and one is replaced after 30. A connection cut while its statement
-    /// runs (a request cancelled) is closed at once and the database may keep its
-    /// session until it notices.
+    /// least 2, at most PostgreSQL's 262,143): all but 2 (3 with
+    /// [`notify`](Self::notify)) serve the request path (claim, complete, renew,
+    /// release), the others migrations, sweeps (a pass takes two), `LISTEN` and the
+    /// admin operations, each on a pool of its own so that neither waits for the other.
+    /// With fewer than 3 (4 with `notify`), the request path keeps one and the rest
+    /// share what is left. Connections are opened on demand (one at
+    /// [`connect`](Self::connect)): the request path opens another only when each open
+    /// one carries a statement, and beyond its budget a request connection carries up
+    /// to 4 statements at once (sent together, answered in order); as in sqlx's pool,
+    /// one idle for 10 minutes is closed and one is replaced after 30. A request
+    /// cancelled while its statement runs leaves the statement to finish and the
+    /// connection serving the others.
     ///
     /// ```
     /// // 30 for requests, 2 for the rest.
@@ -468,6 +490,13 @@ impl PostgresStoreBuilder {
     /// names the host and port tried).
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let table = TableName::parse(&self.table)?;
+        if self.max_connections > MAX_BACKENDS {
+            return Err(StoreError::configuration(format!(
+                "PostgreSQL: max_connections is {}; PostgreSQL serves at most {MAX_BACKENDS} \
+                 connections",
+                self.max_connections
+            )));
+        }
         let options = sqlx::postgres::PgConnectOptions::from_str(&self.url)
             .map_err(|e| connect_failed("PostgreSQL", "?", e))?;
         let at = format!("{}:{}", options.get_host(), options.get_port());
@@ -476,17 +505,18 @@ impl PostgresStoreBuilder {
             self.max_connections,
             OTHER_CONNECTIONS + u32::from(self.notify),
         )?;
-        let requests = RequestPool::new(options.clone(), for_requests, self.acquire_timeout)?;
+        let sql = Arc::new(Statements::new(table.quoted(), self.notify));
+        let target = Target::new(&self.url, &options, Arc::clone(&sql))?;
+        let requests = Sessions::new(target, for_requests, self.acquire_timeout)?;
         requests
-            .open_one()
+            .open_first()
             .await
-            .map_err(|e| connect_failed("PostgreSQL", &at, e))?;
+            .map_err(|e| session::connect_failed(&at, e))?;
         // Opened on demand: the request path's first connection checked the URL.
         let pool = pool_options::<Postgres>()
             .max_connections(for_others)
             .acquire_timeout(self.acquire_timeout)
             .connect_lazy_with(options);
-        let sql = Arc::new(Statements::new(table.quoted(), self.notify));
         let notifier = self.notify.then(|| {
             Arc::new(Notifier {
                 settlements: Settlements::default(),
@@ -651,7 +681,7 @@ impl InboxSql for PostgresStore {
                 .try_get("live")
                 .map_err(|e| StoreError::corrupt(format!("the inbox's claim returned {e}")))?;
             if live {
-                return decode_claim(&row, Duration::from_micros);
+                return decode_claim(&SqlxRow(&row), Duration::from_micros);
             }
             sqlx::query(sql(&self.sql.inbox_take))
                 .bind(id.as_bytes().as_slice())
@@ -698,16 +728,21 @@ impl Store for PostgresStore {
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let what = "PostgreSQL: claiming a record";
-        let mut conn = self.requests.get(what).await?;
-        let row = sqlx::query(sql(&self.sql.claim))
-            .bind(req.id.as_bytes().as_slice())
-            .bind(req.fingerprint)
-            .bind(req.token.to_bytes().as_slice())
-            .bind(micros(req.lease))
-            .bind(micros(req.retention))
-            .fetch_one(conn.conn())
-            .await;
-        let row = conn.finish(row).map_err(|e| unavailable(what, e))?;
+        let lease = self.requests.get(what).await?;
+        let token = req.token.to_bytes();
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &req.id.as_bytes().as_slice(),
+            &req.fingerprint,
+            &token.as_slice(),
+            &micros(req.lease),
+            &micros(req.retention),
+        ];
+        let row = async {
+            let (client, prepared) = lease.prepared().await?;
+            client.query_one(&prepared.claim, &params).await
+        }
+        .await;
+        let row = row.map_err(|e| session::unavailable(what, e))?;
         decode_claim(&row, Duration::from_micros)
     }
 
@@ -718,13 +753,15 @@ impl Store for PostgresStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let q = sqlx::query(sql(&self.sql.complete))
-            .bind(id.as_bytes().as_slice())
-            .bind(token.to_bytes().as_slice())
-            .bind(payload.as_ref())
-            .bind(micros(retention));
-        self.fenced_write("PostgreSQL: completing a record", q)
-            .await
+        let what = "PostgreSQL: completing a record";
+        let token = token.to_bytes();
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &id.as_bytes().as_slice(),
+            &token.as_slice(),
+            &payload.as_ref(),
+            &micros(retention),
+        ];
+        self.fenced_write(what, |s| &s.complete, &params).await
     }
 
     async fn renew(
@@ -733,18 +770,18 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let q = sqlx::query(sql(&self.sql.renew))
-            .bind(id.as_bytes().as_slice())
-            .bind(token.to_bytes().as_slice())
-            .bind(micros(lease));
-        self.fenced_write("PostgreSQL: renewing a lease", q).await
+        let what = "PostgreSQL: renewing a lease";
+        let token = token.to_bytes();
+        let params: [&(dyn ToSql + Sync); 3] =
+            [&id.as_bytes().as_slice(), &token.as_slice(), &micros(lease)];
+        self.fenced_write(what, |s| &s.renew, &params).await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        let q = sqlx::query(sql(&self.sql.release))
-            .bind(id.as_bytes().as_slice())
-            .bind(token.to_bytes().as_slice());
-        self.fenced_write("PostgreSQL: releasing a record", q).await
+        let what = "PostgreSQL: releasing a record";
+        let token = token.to_bytes();
+        let params: [&(dyn ToSql + Sync); 2] = [&id.as_bytes().as_slice(), &token.as_slice()];
+        self.fenced_write(what, |s| &s.release, &params).await
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
@@ -807,15 +844,21 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
-    /// Runs the fenced write `q` (complete, renew, release) on a request connection.
+    /// Runs the fenced write (complete, renew, release) that `statement` picks of a
+    /// request session's prepared statements, with `params`.
     async fn fenced_write(
         &self,
         what: &str,
-        q: sqlx::query::Query<'_, Postgres, PgArguments>,
+        statement: impl FnOnce(&Prepared) -> &tokio_postgres::Statement,
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<(), StoreError> {
-        let mut conn = self.requests.get(what).await?;
-        let done = q.execute(conn.conn()).await.map(|r| r.rows_affected());
-        fenced(what, conn.finish(done))
+        let lease = self.requests.get(what).await?;
+        let done = async {
+            let (client, prepared) = lease.prepared().await?;
+            client.execute(statement(prepared), params).await
+        }
+        .await;
+        fenced_by(done, |e| session::unavailable(what, e))
     }
 
     /// Removes at most `limit` expired records, and dates at most `limit` rows written
