@@ -30,7 +30,8 @@
 //! `--store URL` puts the verifier over the store `idemkey::store::open` makes of URL
 //! (`redis://127.0.0.1:6379`, `postgres://user@host/db`, `sqlite://PATH`, `mysql://...`)
 //! instead of the memory store; over PostgreSQL, MySQL/MariaDB or SQLite the floor
-//! verifier runs that store's statements from the least sqlx client (`sql_floor.rs`),
+//! verifier runs that store's statements from the least client on the store's driver
+//! (`sql_floor.rs`),
 //! so that `fresh/floor` and the CPU per request compare the verifier with the
 //! database's part of the job. Keys carry the driver's process id,
 //! so a store that outlives a run does not turn the next run's fresh keys into replays.
@@ -54,7 +55,9 @@
 //! With `--against PATH`, it compares two builds instead: PATH is this program built
 //! another way (for example without idemkey's `metrics` feature), started as a second
 //! server process; each round drives `fresh` and `replay` against both verifiers, in
-//! alternating order, and it prints `fresh this/other` and `replay this/other`. Both
+//! alternating order, and it prints `fresh this/other` and `replay this/other`, then
+//! each server's CPU per request for both workloads (the CPU ratio `this/other` in
+//! brackets: lower is cheaper; with `--store`, on the same database). Both
 //! servers install the Prometheus recorder of `examples/common/metrics.rs`, so a build
 //! with `--features metrics` (perf's, which turns on idemkey's) measures idemkey's
 //! metrics with a real recorder against the same program without them.
@@ -497,7 +500,11 @@ async fn drive(args: Args) -> Result<(), String> {
     if let Some(other) = &args.against {
         let (mut other_server, other) =
             start_server(other, args.store.as_deref(), &[], Stdio::inherit()).await?;
-        let result = compare(&args, addrs.verified, other.verified, &body).await;
+        let builds = [
+            (addrs.verified, server.id()),
+            (other.verified, other_server.id()),
+        ];
+        let result = compare(&args, builds, &body).await;
         server.kill().await.map_err(|e| e.to_string())?;
         other_server.kill().await.map_err(|e| e.to_string())?;
         return result;
@@ -636,12 +643,12 @@ async fn drive(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// This build's verifier (`this`) against another build's (`other`): `fresh` and
-/// `replay` on both each round, the order alternating between rounds.
+/// This build's verifier (`this`) against another build's (`other`), each given by its
+/// address and its server process's id: `fresh` and `replay` on both each round, the
+/// order alternating between rounds; throughput, and each server's CPU per request.
 async fn compare(
     args: &Args,
-    this: SocketAddr,
-    other: SocketAddr,
+    builds: [(SocketAddr, Option<u32>); 2],
     body: &Bytes,
 ) -> Result<(), String> {
     let seconds = Duration::from_secs(args.seconds);
@@ -649,14 +656,22 @@ async fn compare(
         "{} round(s) of {} s per workload and build, {} connections, {} client threads",
         args.rounds, args.seconds, args.connections, args.threads
     );
-    // [workload][build]: requests answered, totals over the rounds.
+    // [workload][build]: requests answered within the window, totals over the rounds;
+    // and the server's CPU time (us) with the requests it answered in all.
     let mut totals = [[0u64; 2]; 2];
+    let mut cpu = [[(0u64, 0u64); 2]; 2];
     for round in 1..=args.rounds {
-        let builds = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
         for (w, workload) in [Workload::Fresh, Workload::Replay].into_iter().enumerate() {
-            for build in builds {
-                let addr = [this, other][build];
-                let (done, _) = run(workload, addr, args.connections, seconds, round, body).await?;
+            for build in order {
+                let (addr, pid) = builds[build];
+                let before = pid.and_then(cpu_micros);
+                let (done, answered) =
+                    run(workload, addr, args.connections, seconds, round, body).await?;
+                if let Some((a, b)) = before.zip(pid.and_then(cpu_micros)) {
+                    cpu[w][build].0 += b - a;
+                    cpu[w][build].1 += answered;
+                }
                 totals[w][build] += done;
                 println!(
                     "round {round} {:>6} {:>5}: {:>9.0} req/s",
@@ -672,6 +687,18 @@ async fn compare(
         "fresh this/other {:.3}  replay this/other {:.3}",
         ratio(0),
         ratio(1)
+    );
+    let per_request = |(us, n): (u64, u64)| us as f64 / n.max(1) as f64;
+    let [fresh, replay] = cpu.map(|w| w.map(per_request));
+    println!(
+        "server CPU per request (us): fresh this {:.2} other {:.2} ({:.3})  \
+         replay this {:.2} other {:.2} ({:.3})",
+        fresh[0],
+        fresh[1],
+        fresh[0] / fresh[1],
+        replay[0],
+        replay[1],
+        replay[0] / replay[1]
     );
     Ok(())
 }

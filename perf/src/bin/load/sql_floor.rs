@@ -7,11 +7,11 @@
 //! Per keyed request it does what the memory floor of `floor.rs` does (hash scope and
 //! key, fingerprint the request, run the handler, keep its answer), with the record in
 //! the database instead of a map, through the statements of the store of that URL, on
-//! as many connections as the store's request path has, on the same driver (sqlx),
-//! prepared once per connection:
+//! as many connections as the store's request path has, on the store's request path's
+//! driver (tokio-postgres on PostgreSQL, sqlx elsewhere), prepared once per connection:
 //!
 //! - PostgreSQL: the claim (one statement: a live row is the answer, else insert or take
-//!   over), then the completion; 14 connections.
+//!   over), then the completion; 14 clients.
 //! - MySQL/MariaDB: the claim (`INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING`,
 //!   MariaDB 10.5 or later), then the completion; 14 connections.
 //! - SQLite: a read of the live row on one of 4 reading connections, and only for a new
@@ -22,21 +22,23 @@
 //! the floor's own (`idemkey_floor_records`, made with the store's schema by the store's
 //! builder), so that the floor's keys and the verifier's never meet.
 //!
-//! The client is the least one on the driver: 14 sqlx connections without a pool, each
-//! behind a lock, the first free one taken from the next in turn on. That is the floor
-//! the issue defines ("the same statements from a minimal client on the same
-//! driver"): one round trip per statement and nothing else. `LOAD_SQL_FLOOR` chooses
-//! another client, to tell the driver's cost from a pool's and to measure another
-//! driver side by side: `connections` (the default, as above), `pool` (sqlx's pool,
-//! with no ping as a connection is taken, `test_before_acquire(false)`; it still pings
-//! every connection it takes back, a second round trip per statement) or, on
-//! PostgreSQL, `tokio-postgres` (14 clients of that driver, the statements prepared on
-//! each, taken round-robin) and `tokio-postgres:N` (N such clients: with fewer clients
-//! than requests in flight each pipelines, so one write carries several requests'
-//! statements):
+//! The client is the least one on the driver, one round trip per statement and nothing
+//! else: that is the floor the issue defines ("the same statements from a minimal
+//! client on the same driver"). On PostgreSQL, 14 tokio-postgres clients with the
+//! statements prepared on each, taken round-robin by the requests, which share them (a
+//! client pipelines; the store hands a client to one statement at a time). On MySQL
+//! and SQLite, 14 sqlx connections without a pool, each behind a lock, the first free
+//! one taken from the next in turn on. `LOAD_SQL_FLOOR` chooses another client, to
+//! tell the driver's cost from a pool's and to measure drivers side by side:
+//! `connections` (on PostgreSQL too: sqlx's, the store's driver before), `pool` (sqlx's
+//! pool, with no ping as a connection is taken, `test_before_acquire(false)`; it still
+//! pings every connection it takes back, a second round trip per statement) or, on
+//! PostgreSQL, `tokio-postgres` (the default there) and `tokio-postgres:N` (N clients:
+//! with fewer clients than requests in flight each pipelines, so one write carries
+//! several requests' statements):
 //!
 //! ```sh
-//! LOAD_SQL_FLOOR=tokio-postgres cargo run --release -p perf --bin load -- \
+//! LOAD_SQL_FLOOR=connections cargo run --release -p perf --bin load -- \
 //!     --store postgres://root@127.0.0.1:5432/test --seconds 3 --rounds 3
 //! ```
 //!
@@ -120,9 +122,10 @@ enum My {
     Pool(sqlx::MySqlPool),
 }
 
-/// The floor's client chosen by `LOAD_SQL_FLOOR` (default `connections`).
-fn chosen_client() -> String {
-    std::env::var("LOAD_SQL_FLOOR").unwrap_or_else(|_| "connections".to_owned())
+/// The floor's client chosen by `LOAD_SQL_FLOOR`, else `default` (the store's own
+/// driver, least used: `tokio-postgres` on PostgreSQL, `connections` elsewhere).
+fn chosen_client(default: &str) -> String {
+    std::env::var("LOAD_SQL_FLOOR").unwrap_or_else(|_| default.to_owned())
 }
 
 /// How many tokio-postgres clients `LOAD_SQL_FLOOR=tokio-postgres` or
@@ -200,7 +203,7 @@ impl Db {
             .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
         let (claim, complete) = store.request_path_sql();
-        let client = match chosen_client().as_str() {
+        let client = match chosen_client("tokio-postgres").as_str() {
             "connections" => Pg::Connections(Connections::open(url).await?),
             "pool" => Pg::Pool(
                 sqlx::postgres::PgPoolOptions::new()
@@ -269,7 +272,7 @@ impl Db {
             .await
             .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
-        let client = match chosen_client().as_str() {
+        let client = match chosen_client("connections").as_str() {
             "connections" => My::Connections(Connections::open(url).await?),
             "pool" => My::Pool(
                 sqlx::mysql::MySqlPoolOptions::new()
