@@ -142,11 +142,12 @@ mod session;
 ///
 /// # Connections
 ///
-/// The request path (claim, complete, renew, release) runs on tokio-postgres, whose
-/// clients spend less CPU per statement than sqlx's connections; the statements are
-/// prepared once per connection. Everything else (migrations, sweeps, `LISTEN`, the
-/// admin operations) runs on a sqlx pool. Both read the same URL: host (or a socket
-/// directory, `?host=/path`), port, user, password (the URL's, else `PGPASSWORD`),
+/// The request path (claim, complete, renew, release) runs on tokio-postgres
+/// connections that the requests in flight share, whose statements cost less CPU than
+/// on sqlx's; the statements are prepared once per connection. Everything else
+/// (migrations, sweeps, `LISTEN`, the admin operations) runs on a sqlx pool. Both read
+/// the same URL: host (or a socket directory, `?host=/path`), port, user, password (the
+/// URL's, else `PGPASSWORD`, else the password file's, `PGPASSFILE` or `~/.pgpass`),
 /// database, `application_name` and `options`. The connections are not encrypted:
 /// `sslmode=prefer` (the default) connects in plain text, `require` and stricter fail
 /// to connect; keep the database on a private network or behind a local TLS proxy.
@@ -506,7 +507,7 @@ impl PostgresStoreBuilder {
             OTHER_CONNECTIONS + u32::from(self.notify),
         )?;
         let sql = Arc::new(Statements::new(table.quoted(), self.notify));
-        let target = Target::new(&self.url, &options, Arc::clone(&sql))?;
+        let target = Target::new(&self.url, &options, Arc::clone(&sql));
         let requests = Sessions::new(target, for_requests, self.acquire_timeout)?;
         requests
             .open_first()

@@ -27,7 +27,8 @@
 //! The address and credentials are sqlx's reading of the store's URL
 //! ([`PgConnectOptions`]), so that the two pools of a store reach the same database as
 //! the same user: host or socket directory, port, user, password (the URL's, else
-//! `PGPASSWORD`), database, `application_name` and `options`. There is no TLS, as in
+//! `PGPASSWORD`, else the password file's), database, `application_name` and
+//! `options`. There is no TLS, as in
 //! the store's sqlx pool (built without a TLS feature): `sslmode=disable`, `allow` and
 //! `prefer` connect in plain text, `require` and stricter fail to connect.
 
@@ -54,15 +55,7 @@ pub(crate) struct Target {
 impl Target {
     /// The target of sqlx's reading of the store's URL (`options`, from `url`), for
     /// the statements `sql`.
-    ///
-    /// # Errors
-    ///
-    /// A configuration error when the URL's password is not valid UTF-8 once decoded.
-    pub(crate) fn new(
-        url: &str,
-        options: &PgConnectOptions,
-        sql: Arc<Statements>,
-    ) -> Result<Self, StoreError> {
+    pub(crate) fn new(url: &str, options: &PgConnectOptions, sql: Arc<Statements>) -> Self {
         let mut config = Config::new();
         match options.get_socket() {
             Some(directory) => config.host_path(directory),
@@ -78,7 +71,7 @@ impl Target {
         if let Some(settings) = options.get_options() {
             config.options(settings);
         }
-        if let Some(password) = password(url)? {
+        if let Some(password) = password(url, options) {
             config.password(password);
         }
         config.ssl_mode(match options.get_ssl_mode() {
@@ -89,28 +82,84 @@ impl Target {
                 tokio_postgres::config::SslMode::Require
             }
         });
-        Ok(Self { config, sql })
+        Self { config, sql }
     }
 }
 
-/// The password of the store's URL (percent-decoded), else `PGPASSWORD`'s, as sqlx
-/// reads it (sqlx-postgres 0.9 `src/options/parse.rs` and `PgConnectOptions::new`).
+/// The password as sqlx reads it for the store's URL (sqlx-postgres 0.9
+/// `src/options/parse.rs`, `PgConnectOptions::new_without_pgpass` and `apply_pgpass`):
+/// the URL's (`user:password@`, then a `password` parameter), else `PGPASSWORD`, else
+/// the password file's line for this server, database and user ([`password_file`]).
 /// sqlx's URL parser accepted `url` already.
-fn password(url: &str) -> Result<Option<String>, StoreError> {
-    let from_url = url::Url::parse(url).ok().and_then(|u| {
-        u.password().map(|p| {
-            percent_encoding::percent_decode_str(p)
-                .decode_utf8()
-                .map(String::from)
-        })
-    });
-    match from_url {
-        Some(Ok(password)) => Ok(Some(password)),
-        Some(Err(_)) => Err(StoreError::configuration(
-            "PostgreSQL: the URL's password is not UTF-8 once percent-decoded",
-        )),
-        None => Ok(std::env::var("PGPASSWORD").ok()),
+fn password(url: &str, options: &PgConnectOptions) -> Option<String> {
+    let mut from_url = None;
+    if let Ok(url) = url::Url::parse(url) {
+        // sqlx refuses a password that is not UTF-8 once decoded.
+        if let Some(p) = url.password() {
+            let decoded = percent_encoding::percent_decode_str(p).decode_utf8();
+            from_url = decoded.ok().map(String::from);
+        }
+        if let Some((_, p)) = url.query_pairs().filter(|(k, _)| k == "password").last() {
+            from_url = Some(p.into_owned());
+        }
     }
+    from_url
+        .or_else(|| std::env::var("PGPASSWORD").ok())
+        .or_else(|| {
+            let wanted = [
+                options.get_host().to_owned(),
+                options.get_port().to_string(),
+                options.get_database().unwrap_or_default().to_owned(),
+                options.get_username().to_owned(),
+            ];
+            let files = [
+                std::env::var_os("PGPASSFILE").map(std::path::PathBuf::from),
+                std::env::home_dir().map(|home| home.join(".pgpass")),
+            ];
+            files
+                .into_iter()
+                .flatten()
+                .find_map(|file| password_file(&file, &wanted))
+        })
+}
+
+/// The password of the first line of the password file at `path` (libpq's format,
+/// `host:port:database:user:password`, `*` matching anything, `\` escaping `:` and `\`)
+/// whose first four fields match `wanted`. As sqlx does, a file others may read or
+/// write is ignored on Linux, and so is one that cannot be read.
+fn password_file(path: &std::path::Path, wanted: &[String; 4]) -> Option<String> {
+    let file = std::fs::File::open(path).ok()?;
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if file.metadata().ok()?.permissions().mode() & 0o77 != 0 {
+            tracing::warn!(path = %path.display(), "the password file is ignored: others may read it");
+            return None;
+        }
+    }
+    let text = std::io::read_to_string(file).ok()?;
+    text.lines().find_map(|line| {
+        if line.starts_with('#') {
+            return None;
+        }
+        let mut fields = Vec::with_capacity(5);
+        let mut field = String::new();
+        let mut chars = line.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => field.extend(chars.next()),
+                ':' if fields.len() < 4 => fields.push(std::mem::take(&mut field)),
+                c => field.push(c),
+            }
+        }
+        fields.push(field);
+        let [host, port, database, user, password] = <[String; 5]>::try_from(fields).ok()?;
+        [host, port, database, user]
+            .iter()
+            .zip(wanted)
+            .all(|(field, wanted)| field == "*" || field == wanted)
+            .then_some(password)
+    })
 }
 
 /// How many statements one session carries at once, at most: requests share a session
@@ -540,7 +589,7 @@ mod on_postgres {
         store.migrate().await.expect("the table");
         let options = PgConnectOptions::from_str(&url).expect("IDEMKEY_POSTGRES_URL");
         let sql = Arc::new(Statements::new(store.table.quoted(), false));
-        let target = Target::new(&url, &options, sql).expect("a target");
+        let target = Target::new(&url, &options, sql);
         Sessions::with_ageing(target, 4, Duration::from_secs(10), ageing).expect("sessions")
     }
 
@@ -623,7 +672,7 @@ mod on_postgres {
         );
         let options = PgConnectOptions::from_str(&url).expect("the URL");
         let sql = Arc::new(Statements::new("\"idemkey_records\"", false));
-        let target = Target::new(&url, &options, sql).expect("a target");
+        let target = Target::new(&url, &options, sql);
         let sessions = Sessions::new(target, 1, Duration::from_secs(10)).expect("sessions");
         let lease = sessions
             .get("test")
@@ -645,16 +694,54 @@ mod on_postgres {
 
 #[cfg(test)]
 mod tests {
-    use super::password;
+    use std::str::FromStr;
+
+    use sqlx::postgres::PgConnectOptions;
+
+    use super::password_file;
 
     #[test]
     fn the_password_is_the_urls_decoded() {
+        let password = |url: &str| {
+            let options = PgConnectOptions::from_str(url).expect("a URL");
+            super::password(url, &options)
+        };
         let url = "postgres://app:p%40ss%2Fw%C3%B6rd@db:5432/app";
+        assert_eq!(password(url).as_deref(), Some("p@ss/w\u{f6}rd"));
+        let url = "postgres://app:first@db/app?password=se%3Acond";
+        assert_eq!(password(url).as_deref(), Some("se:cond"));
+    }
+
+    #[test]
+    fn the_password_file_gives_the_first_matching_line() {
+        let path = std::env::temp_dir().join(format!("idemkey-pgpass-{}", std::process::id()));
+        let lines = "# comment\n\
+            other:5432:app:app:wrong\n\
+            db:5432:*:app:pa\\:ss\\\\word\n\
+            *:*:*:*:fallback\n";
+        std::fs::write(&path, lines).expect("a temporary file");
+        let wanted = |host: &str| [host, "5432", "app", "app"].map(String::from);
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |m| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m));
+            mode(0o644).expect("chmod");
+            assert_eq!(
+                password_file(&path, &wanted("db")),
+                None,
+                "others may read it"
+            );
+            mode(0o600).expect("chmod");
+        }
         assert_eq!(
-            password(url).expect("valid").as_deref(),
-            Some("p@ss/w\u{f6}rd")
+            password_file(&path, &wanted("db")).as_deref(),
+            Some("pa:ss\\word")
         );
-        let err = password("postgres://app:%FF@db/app").expect_err("not UTF-8");
-        assert!(err.is_configuration(), "{err}");
+        assert_eq!(
+            password_file(&path, &wanted("elsewhere")).as_deref(),
+            Some("fallback")
+        );
+        std::fs::remove_file(&path).expect("remove the temporary file");
+        assert_eq!(password_file(&path, &wanted("db")), None, "no file");
     }
 }
