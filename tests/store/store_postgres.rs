@@ -819,6 +819,44 @@ async fn a_claim_cancelled_mid_statement_leaves_its_session_serving_the_others()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_at_a_time_holds_one_session_and_a_crowd_opens_more() {
+    let (table, app) = (
+        support::unique("idemkey_quiet"),
+        support::unique("idemkey_quiet"),
+    );
+    // 16 connections: 14 for requests, opened only as the requests need them.
+    let (store, admin) = store_named(&app, &table, |b| b).await;
+    for i in 0..20 {
+        serve_a_key(&store, &format!("quiet-{i}")).await;
+    }
+    assert_eq!(
+        claiming_sessions(&admin, &app).await.len(),
+        1,
+        "sequential requests share the one open session"
+    );
+    // Requests in flight together open new sessions, up to the budget: with the table
+    // locked, each session's first statement waits, and the next request opens another.
+    let lock = lock_table(&admin, &table).await;
+    let crowd: Vec<_> = (0..40)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                support::busy_store::claim_new(&store, &format!("crowd-{i}")).await
+            })
+        })
+        .collect();
+    lock_waiters(&admin, &app, 14).await;
+    lock.rollback().await.expect("unlock");
+    for claim in crowd {
+        let claim = claim.await.expect("claim task").expect("claim");
+        assert_eq!(claim, Claim::Acquired { takeover: false });
+    }
+    let sessions = claiming_sessions(&admin, &app).await.len();
+    assert_eq!(sessions, 14, "40 claims in flight fill the budget, no more");
+    support::drop_postgres_table(&table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_the_server_ends_is_replaced() {
     let (table, app) = (
         support::unique("idemkey_ended"),
