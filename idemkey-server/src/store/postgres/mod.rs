@@ -509,10 +509,7 @@ impl PostgresStoreBuilder {
         let sql = Arc::new(Statements::new(table.quoted(), self.notify));
         let target = Target::new(&self.url, &options, Arc::clone(&sql));
         let requests = Sessions::new(target, for_requests, self.acquire_timeout)?;
-        requests
-            .open_first()
-            .await
-            .map_err(|e| session::connect_failed(&at, e))?;
+        requests.open_first(&at).await?;
         // Opened on demand: the request path's first connection checked the URL.
         let pool = pool_options::<Postgres>()
             .max_connections(for_others)

@@ -296,9 +296,23 @@ impl Sessions {
     }
 
     /// Opens the first session now, so that a wrong URL or an unreachable server is
-    /// found when the store connects; the driver's error as it came.
-    pub(crate) async fn open_first(&self) -> Result<(), tokio_postgres::Error> {
-        self.0.open(0).await.map(drop)
+    /// found when the store connects (at `at`, host:port), within the acquire timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`connect_failed`]'s, or unavailable when the server did not answer in time.
+    pub(crate) async fn open_first(&self, at: &str) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.0.acquire_timeout, self.0.open(0)).await {
+            Ok(opened) => opened.map(drop).map_err(|e| connect_failed(at, e)),
+            Err(_) => Err(StoreError::unavailable(
+                format!(
+                    "PostgreSQL: connecting to {at} took more than {:?} (the acquire \
+                     timeout); is the server answering?",
+                    self.0.acquire_timeout
+                ),
+                "timed out connecting",
+            )),
+        }
     }
 
     /// A session for one statement of `what` (a description such as "PostgreSQL:
@@ -346,7 +360,14 @@ impl Sessions {
                     );
                     return Err(StoreError::unavailable(message, e));
                 }
-                Err(_) => return Err(timed_out()),
+                Err(_) => {
+                    let message = format!(
+                        "{what} failed: opening a connection took more than {:?}; is the \
+                         database overloaded or far away? Raise acquire_timeout if so",
+                        inner.acquire_timeout
+                    );
+                    return Err(StoreError::unavailable(message, "timed out connecting"));
+                }
             },
         };
         Ok(Lease {
