@@ -177,6 +177,22 @@ async fn concurrent_migrations_and_the_schema_are_idempotent() {
 }
 
 #[tokio::test]
+async fn a_server_that_never_answers_fails_connect_within_the_acquire_timeout() {
+    // A socket that takes connections (the kernel's backlog) and never says a word.
+    // Without the bound, this waits for TCP's own timeouts and the harness's time
+    // limit fails the test.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a local socket");
+    let at = silent.local_addr().expect("its address");
+    let err = MySqlStore::builder(format!("mysql://root@{at}/test"))
+        .acquire_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect_err("nothing answers");
+    assert!(err.is_unavailable(), "{err}");
+    assert!(err.to_string().contains(&at.to_string()), "{err}");
+}
+
+#[tokio::test]
 async fn bad_configuration_is_a_configuration_error_and_unreachable_is_unavailable() {
     use sqlx::ConnectOptions;
     use std::str::FromStr;

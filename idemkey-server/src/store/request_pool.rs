@@ -124,14 +124,17 @@ impl<C: Connection + 'static> RequestPool<C> {
     }
 
     /// Opens the first connection now, so that a wrong URL or an unreachable server is
-    /// found when the store connects; the driver's error as it came.
+    /// found when the store connects; the driver's error as it came, or sqlx's
+    /// `PoolTimedOut` when the server did not answer within the acquire timeout.
     pub(crate) async fn open_one(&self) -> Result<(), sqlx::Error> {
-        match self.pool.get().await {
-            Ok(_returned) => Ok(()),
-            Err(PoolError::Backend(e)) => Err(e),
-            Err(other) => Err(sqlx::Error::Protocol(format!(
+        match tokio::time::timeout(self.acquire_timeout, self.pool.get()).await {
+            Ok(Ok(_returned)) => Ok(()),
+            Ok(Err(PoolError::Backend(e))) => Err(e),
+            Ok(Err(other)) => Err(sqlx::Error::Protocol(format!(
                 "the connection pool failed: {other}"
             ))),
+            // The server took the connection and did not answer within the timeout.
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
         }
     }
 
