@@ -178,18 +178,12 @@ async fn concurrent_migrations_and_the_schema_are_idempotent() {
 
 #[tokio::test]
 async fn a_server_that_never_answers_fails_connect_within_the_acquire_timeout() {
-    // A socket that takes connections (the kernel's backlog) and never says a word.
-    // Without the bound, this waits for TCP's own timeouts and the harness's time
-    // limit fails the test.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a local socket");
-    let at = silent.local_addr().expect("its address");
-    let err = MySqlStore::builder(format!("mysql://root@{at}/test"))
-        .acquire_timeout(Duration::from_millis(300))
-        .connect()
-        .await
-        .expect_err("nothing answers");
-    assert!(err.is_unavailable(), "{err}");
-    assert!(err.to_string().contains(&at.to_string()), "{err}");
+    support::busy_store::connect_to_a_silent_server(|at, timeout| {
+        MySqlStore::builder(format!("mysql://root@{at}/test"))
+            .acquire_timeout(timeout)
+            .connect()
+    })
+    .await;
 }
 
 #[tokio::test]

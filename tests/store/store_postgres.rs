@@ -226,18 +226,12 @@ async fn bad_configuration_is_a_configuration_error_and_unreachable_is_unavailab
 
 #[tokio::test]
 async fn a_server_that_never_answers_fails_connect_within_the_acquire_timeout() {
-    // A socket that takes connections (the kernel's backlog) and never says a word.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a local socket");
-    let at = silent.local_addr().expect("its address");
-    // Without the bound, this waits for TCP's own timeouts (minutes) and the harness's
-    // time limit fails the test.
-    let err = PostgresStore::builder(format!("postgres://postgres@{at}/test"))
-        .acquire_timeout(Duration::from_millis(300))
-        .connect()
-        .await
-        .expect_err("nothing answers");
-    assert!(err.is_unavailable(), "{err}");
-    assert!(err.to_string().contains(&at.to_string()), "{err}");
+    support::busy_store::connect_to_a_silent_server(|at, timeout| {
+        PostgresStore::builder(format!("postgres://postgres@{at}/test"))
+            .acquire_timeout(timeout)
+            .connect()
+    })
+    .await;
 }
 
 #[tokio::test]

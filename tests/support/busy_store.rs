@@ -1,6 +1,6 @@
-//! A SQL store with every connection of its budget busy (the PostgreSQL and MySQL
-//! stores' budget tests): claims and a sweep that wait for a locked table, and what
-//! finds no connection left.
+//! A SQL store whose connections are busy or never answer (the PostgreSQL and MySQL
+//! stores' budget and timeout tests): claims and a sweep that wait for a locked table,
+//! what finds no connection left, and a connect to a server that says nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +9,23 @@ use idemkey::store::{
     Claim, ClaimRequest, FencingToken, RecordId, Store, StoreError, SweepOptions, SweepReport,
 };
 use tokio::task::{JoinHandle, JoinSet};
+
+/// Connects through `connect` (given the address, with an acquire timeout of 300 ms) to
+/// a local socket that takes connections (the kernel's backlog) and never says a word:
+/// the store answers unavailable, naming the address. Without a bound on connecting,
+/// this waits for TCP's own timeouts and the harness's time limit fails the test.
+pub(crate) async fn connect_to_a_silent_server<S, F>(connect: impl FnOnce(String, Duration) -> F)
+where
+    F: std::future::Future<Output = Result<S, StoreError>>,
+{
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a local socket");
+    let at = silent.local_addr().expect("its address").to_string();
+    let Err(err) = connect(at.clone(), Duration::from_millis(300)).await else {
+        panic!("nothing answers at {at}, yet the store connected");
+    };
+    assert!(err.is_unavailable(), "{err}");
+    assert!(err.to_string().contains(&at), "{err}");
+}
 
 /// A claim of `key` (scope `t`, fingerprint `fp`) with a new token and a minute's lease
 /// and retention.
