@@ -178,9 +178,8 @@ impl<C: Connection + 'static> RequestPool<C> {
 /// `ageing.max_lifetime`), looking a few times per idle timeout, until the pool is
 /// dropped. A connection closes by being dropped: sqlx then shuts its socket.
 async fn reap_idle<C: Connection>(pool: managed::WeakPool<Manager<C>>, ageing: Ageing) {
-    let every = (ageing.idle_timeout / 4).max(Duration::from_millis(10));
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(ageing.check_every()).await;
         let Some(pool) = pool.upgrade() else { return };
         drop(pool.retain(|_, m| ageing.keeps(m.last_used(), m.age())));
     }

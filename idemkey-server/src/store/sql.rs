@@ -108,6 +108,11 @@ impl Ageing {
     pub(crate) fn keeps(&self, idle: Duration, age: Duration) -> bool {
         idle < self.idle_timeout && age < self.max_lifetime
     }
+
+    /// How often a pool looks for connections to close: a few times per idle timeout.
+    pub(crate) fn check_every(&self) -> Duration {
+        (self.idle_timeout / 4).max(Duration::from_millis(10))
+    }
 }
 
 /// A validated table name, optionally schema-qualified, kept quoted for SQL.

@@ -165,7 +165,7 @@ fn password_file(path: &std::path::Path, wanted: &[String; 4]) -> Option<String>
 /// How many statements one session carries at once, at most: requests share a session
 /// (its client pipelines them), and when every session carries this many, a request
 /// waits for room, at most the acquire timeout.
-pub(crate) const PIPELINE_DEPTH: usize = 4;
+const PIPELINE_DEPTH: usize = 4;
 
 /// The request path's sessions of one store (cheap to clone: clones share them).
 #[derive(Clone)]
@@ -291,7 +291,7 @@ impl Sessions {
             ageing,
             epoch: Instant::now(),
         });
-        runtime.spawn(close_idle(Arc::downgrade(&inner)));
+        runtime.spawn(close_idle(Arc::downgrade(&inner), ageing));
         Ok(Self(inner))
     }
 
@@ -450,15 +450,9 @@ impl Inner {
 /// Closes the sessions that carried no statement for `ageing.idle_timeout` (or
 /// outlived `ageing.max_lifetime`), looking a few times per idle timeout, until the
 /// sessions are dropped.
-async fn close_idle(inner: Weak<Inner>) {
-    let Some(every) = inner
-        .upgrade()
-        .map(|i| (i.ageing.idle_timeout / 4).max(Duration::from_millis(10)))
-    else {
-        return;
-    };
+async fn close_idle(inner: Weak<Inner>, ageing: Ageing) {
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(ageing.check_every()).await;
         let Some(inner) = inner.upgrade() else { return };
         let now = inner.now();
         for slot in &inner.slots {
@@ -471,7 +465,7 @@ async fn close_idle(inner: Weak<Inner>) {
             };
             if live
                 .as_deref()
-                .is_some_and(|l| !inner.ageing.keeps(idle(l), l.opened.elapsed()))
+                .is_some_and(|l| !ageing.keeps(idle(l), l.opened.elapsed()))
             {
                 *live = None;
                 slot.open.store(false, Ordering::Release);
