@@ -799,21 +799,9 @@ async fn a_claim_cancelled_mid_statement_leaves_its_session_serving_the_others()
     // 3 connections: 1 for requests, so every statement goes to the same session.
     let (store, admin) = store_named(&app, &table, |b| b.max_connections(3)).await;
     let lock = lock_table(&admin, &table).await;
-    let cancelled = RecordId::new("t", "cancelled");
     let claiming = tokio::spawn({
         let store = store.clone();
-        async move {
-            let token = FencingToken::random();
-            store
-                .claim(ClaimRequest {
-                    id: &cancelled,
-                    fingerprint: b"fp",
-                    token,
-                    lease: Duration::from_secs(60),
-                    retention: Duration::from_secs(60),
-                })
-                .await
-        }
+        async move { support::busy_store::claim_new(&store, "cancelled").await }
     });
     // The claim's statement is on the server, waiting for the lock: drop the request.
     let blocked = lock_waiters(&admin, &app, 1).await;
