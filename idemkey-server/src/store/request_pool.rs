@@ -238,89 +238,59 @@ fn leaves_session_usable(e: &sqlx::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    /// Ageing on a real PostgreSQL (`IDEMKEY_POSTGRES_URL`, default
-    /// `postgres://postgres@127.0.0.1:5432/test`): which backend serves each statement.
+    /// The ageing checks (`sql::ageing_checks`) on PostgreSQL connections, whose
+    /// backends `pg_stat_activity` names.
     #[cfg(feature = "postgres")]
     mod ageing {
         use std::str::FromStr;
-        use std::time::{Duration, Instant};
+        use std::time::Duration;
 
         use sqlx::postgres::{PgConnectOptions, PgConnection};
 
         use super::super::RequestPool;
         use crate::store::sql::Ageing;
-
-        const LONG: Duration = Duration::from_secs(3600);
+        use crate::store::sql::ageing_checks::{self, AgeingPool, SHORT_IDLE, SHORT_LIFETIME};
 
         fn pool(ageing: Ageing) -> RequestPool<PgConnection> {
-            let url = std::env::var("IDEMKEY_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            let url = ageing_checks::url();
             let options = PgConnectOptions::from_str(&url).expect("IDEMKEY_POSTGRES_URL");
             RequestPool::with_ageing(options, 4, Duration::from_secs(10), ageing).expect("a pool")
         }
 
-        async fn backend(pool: &RequestPool<PgConnection>) -> i32 {
-            let mut conn = pool.get("test").await.unwrap_or_else(|e| {
-                panic!("PostgreSQL unreachable (set IDEMKEY_POSTGRES_URL): {e}")
-            });
-            let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
-                .fetch_one(conn.conn())
-                .await;
-            conn.finish(pid).expect("pg_backend_pid")
-        }
-
-        async fn alive(pool: &RequestPool<PgConnection>, pid: i32) -> bool {
-            let mut conn = pool.get("test").await.expect("a connection");
-            let n: Result<i64, _> =
-                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-                    .bind(pid)
+        impl AgeingPool for RequestPool<PgConnection> {
+            async fn backend(&self) -> i32 {
+                let mut conn = self.get("test").await.unwrap_or_else(|e| {
+                    panic!("PostgreSQL unreachable (set IDEMKEY_POSTGRES_URL): {e}")
+                });
+                let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
                     .fetch_one(conn.conn())
                     .await;
-            conn.finish(n).expect("pg_stat_activity") == 1
+                conn.finish(pid).expect("pg_backend_pid")
+            }
+
+            async fn alive(&self, pid: i32) -> bool {
+                let mut conn = self.get("test").await.expect("a connection");
+                let n: Result<i64, _> =
+                    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                        .bind(pid)
+                        .fetch_one(conn.conn())
+                        .await;
+                conn.finish(n).expect("pg_stat_activity") == 1
+            }
+
+            fn size(&self) -> usize {
+                self.pool.status().size
+            }
         }
 
         #[tokio::test]
         async fn a_connection_past_its_lifetime_is_replaced() {
-            let pool = pool(Ageing {
-                idle_timeout: LONG,
-                max_lifetime: Duration::from_millis(300),
-            });
-            let first = backend(&pool).await;
-            assert_eq!(backend(&pool).await, first, "reused within its lifetime");
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            let second = backend(&pool).await;
-            assert_ne!(second, first, "replaced after its lifetime");
-            assert_eq!(pool.pool.status().size, 1, "the old one is gone");
-            assert!(wait_gone(&pool, first).await, "backend {first} still there");
+            ageing_checks::a_connection_past_its_lifetime_is_replaced(pool(SHORT_LIFETIME)).await;
         }
 
         #[tokio::test]
         async fn an_idle_connection_is_closed() {
-            let pool = pool(Ageing {
-                idle_timeout: Duration::from_millis(200),
-                max_lifetime: LONG,
-            });
-            let pid = backend(&pool).await;
-            assert_eq!(pool.pool.status().size, 1);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while pool.pool.status().size > 0 {
-                assert!(Instant::now() < deadline, "the idle connection stayed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            // Closed on the server too (asked on a new connection of the same pool).
-            assert!(wait_gone(&pool, pid).await, "backend {pid} still there");
-        }
-
-        /// Whether backend `pid` leaves `pg_stat_activity` within a few seconds.
-        async fn wait_gone(pool: &RequestPool<PgConnection>, pid: i32) -> bool {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if !alive(pool, pid).await {
-                    return true;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            false
+            ageing_checks::an_idle_connection_is_closed(pool(SHORT_IDLE)).await;
         }
     }
 }

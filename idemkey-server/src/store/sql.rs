@@ -419,6 +419,83 @@ pub(crate) fn connect_failed(db: &str, at: &str, e: sqlx::Error) -> StoreError {
     }
 }
 
+/// The ageing checks both request paths' pools pass on a real PostgreSQL
+/// (`IDEMKEY_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`): which
+/// backend serves each statement, and when it leaves `pg_stat_activity`.
+#[cfg(all(test, feature = "postgres"))]
+pub(crate) mod ageing_checks {
+    use std::time::{Duration, Instant};
+
+    use super::Ageing;
+
+    const LONG: Duration = Duration::from_secs(3600);
+
+    /// Connections replaced 300 ms after they open, never closed for idleness.
+    pub(crate) const SHORT_LIFETIME: Ageing = Ageing {
+        idle_timeout: LONG,
+        max_lifetime: Duration::from_millis(300),
+    };
+
+    /// Connections closed after 200 ms idle, never replaced for age.
+    pub(crate) const SHORT_IDLE: Ageing = Ageing {
+        idle_timeout: Duration::from_millis(200),
+        max_lifetime: LONG,
+    };
+
+    /// The database's URL for the checks.
+    pub(crate) fn url() -> String {
+        std::env::var("IDEMKEY_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    /// A request path's pool, as the checks drive it.
+    pub(crate) trait AgeingPool {
+        /// The backend (`pg_backend_pid()`) of the connection the next statement gets.
+        async fn backend(&self) -> i32;
+        /// Whether backend `pid` is in `pg_stat_activity`, asked through the pool.
+        async fn alive(&self, pid: i32) -> bool;
+        /// How many connections the pool holds now.
+        fn size(&self) -> usize;
+    }
+
+    /// With [`SHORT_LIFETIME`]: a connection serves again within its lifetime, is
+    /// replaced after it, and its backend ends.
+    pub(crate) async fn a_connection_past_its_lifetime_is_replaced(pool: impl AgeingPool) {
+        let first = pool.backend().await;
+        assert_eq!(pool.backend().await, first, "reused within its lifetime");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let second = pool.backend().await;
+        assert_ne!(second, first, "replaced after its lifetime");
+        assert_eq!(pool.size(), 1, "the old one is gone");
+        assert!(wait_gone(&pool, first).await, "backend {first} still there");
+    }
+
+    /// With [`SHORT_IDLE`]: an idle connection leaves the pool, and its backend ends.
+    pub(crate) async fn an_idle_connection_is_closed(pool: impl AgeingPool) {
+        let pid = pool.backend().await;
+        assert_eq!(pool.size(), 1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.size() > 0 {
+            assert!(Instant::now() < deadline, "the idle connection stayed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Closed on the server too (asked on a new connection of the same pool).
+        assert!(wait_gone(&pool, pid).await, "backend {pid} still there");
+    }
+
+    /// Whether backend `pid` leaves `pg_stat_activity` within a few seconds.
+    async fn wait_gone(pool: &impl AgeingPool, pid: i32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if !pool.alive(pid).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::TableName;

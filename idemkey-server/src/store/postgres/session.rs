@@ -576,27 +576,25 @@ impl ClaimRow for tokio_postgres::Row {
 }
 
 /// Sessions on a real PostgreSQL (`IDEMKEY_POSTGRES_URL`, default
-/// `postgres://postgres@127.0.0.1:5432/test`): how they age (which backend serves each
-/// statement), and what of the URL they carry.
+/// `postgres://postgres@127.0.0.1:5432/test`): how they age (the checks both request
+/// paths pass, `sql::ageing_checks`), and what of the URL they carry.
 #[cfg(test)]
 mod on_postgres {
     use std::str::FromStr;
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use sqlx::postgres::PgConnectOptions;
 
     use super::super::super::sql::Ageing;
+    use super::super::super::sql::ageing_checks::{self, AgeingPool, SHORT_IDLE, SHORT_LIFETIME};
     use super::super::{PostgresStore, Statements};
     use super::{Sessions, Target};
-
-    const LONG: Duration = Duration::from_secs(3600);
 
     /// The request path's sessions, whose statements are prepared on the store's table
     /// `idemkey_ageing_records` (made here).
     async fn pool(ageing: Ageing) -> Sessions {
-        let url = std::env::var("IDEMKEY_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let url = ageing_checks::url();
         let table = "idemkey_ageing_records";
         let store = PostgresStore::builder(&url).table(table).connect().await;
         let store = store
@@ -620,67 +618,36 @@ mod on_postgres {
         row.expect(sql).get(0)
     }
 
-    async fn backend(pool: &Sessions) -> i32 {
-        let pid = query_i64(pool, "SELECT pg_backend_pid()::int8", None).await;
-        i32::try_from(pid).expect("a pid")
-    }
+    impl AgeingPool for Sessions {
+        async fn backend(&self) -> i32 {
+            let pid = query_i64(self, "SELECT pg_backend_pid()::int8", None).await;
+            i32::try_from(pid).expect("a pid")
+        }
 
-    async fn alive(pool: &Sessions, pid: i32) -> bool {
-        let sql = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1";
-        query_i64(pool, sql, Some(pid)).await == 1
+        async fn alive(&self, pid: i32) -> bool {
+            let sql = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1";
+            query_i64(self, sql, Some(pid)).await == 1
+        }
+
+        fn size(&self) -> usize {
+            self.open_sessions()
+        }
     }
 
     #[tokio::test]
     async fn a_connection_past_its_lifetime_is_replaced() {
-        let pool = pool(Ageing {
-            idle_timeout: LONG,
-            max_lifetime: Duration::from_millis(300),
-        })
-        .await;
-        let first = backend(&pool).await;
-        assert_eq!(backend(&pool).await, first, "reused within its lifetime");
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        let second = backend(&pool).await;
-        assert_ne!(second, first, "replaced after its lifetime");
-        assert_eq!(pool.open_sessions(), 1, "the old one is gone");
-        assert!(wait_gone(&pool, first).await, "backend {first} still there");
+        ageing_checks::a_connection_past_its_lifetime_is_replaced(pool(SHORT_LIFETIME).await).await;
     }
 
     #[tokio::test]
     async fn an_idle_connection_is_closed() {
-        let pool = pool(Ageing {
-            idle_timeout: Duration::from_millis(200),
-            max_lifetime: LONG,
-        })
-        .await;
-        let pid = backend(&pool).await;
-        assert_eq!(pool.open_sessions(), 1);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while pool.open_sessions() > 0 {
-            assert!(Instant::now() < deadline, "the idle connection stayed");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // Closed on the server too (asked on a new connection of the same pool).
-        assert!(wait_gone(&pool, pid).await, "backend {pid} still there");
-    }
-
-    /// Whether backend `pid` leaves `pg_stat_activity` within a few seconds.
-    async fn wait_gone(pool: &Sessions, pid: i32) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if !alive(pool, pid).await {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
+        ageing_checks::an_idle_connection_is_closed(pool(SHORT_IDLE).await).await;
     }
 
     /// The URL's `options` and `application_name` reach the request path's sessions.
     #[tokio::test]
     async fn the_urls_settings_reach_the_session() {
-        let base = std::env::var("IDEMKEY_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let base = ageing_checks::url();
         let joint = if base.contains('?') { '&' } else { '?' };
         let url = format!(
             "{base}{joint}application_name=idemkey_settings&options=-c%20statement_timeout%3D4321"
