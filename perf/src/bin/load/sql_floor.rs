@@ -32,10 +32,13 @@
 //! tell the driver's cost from a pool's and to measure drivers side by side:
 //! `connections` (on PostgreSQL too: sqlx's, the store's driver before), `pool` (sqlx's
 //! pool, with no ping as a connection is taken, `test_before_acquire(false)`; it still
-//! pings every connection it takes back, a second round trip per statement) or, on
-//! PostgreSQL, `tokio-postgres` (the default there) and `tokio-postgres:N` (N clients:
+//! pings every connection it takes back, a second round trip per statement); on
+//! PostgreSQL, `tokio-postgres` (the default there), `tokio-postgres:N` (N clients:
 //! with fewer clients than requests in flight each pipelines, so one write carries
-//! several requests' statements):
+//! several requests' statements) and `tokio-postgres-inline` (14 clients each used by
+//! one statement at a time, whose connection the request's own task drives: no
+//! connection task, no hand-off between tasks); on MySQL, `mysql_async` (14
+//! connections of that driver, taken as `connections` takes sqlx's):
 //!
 //! ```sh
 //! LOAD_SQL_FLOOR=connections cargo run --release -p perf --bin load -- \
@@ -112,6 +115,43 @@ enum Pg {
         )>,
         AtomicUsize,
     ),
+    /// `tokio-postgres-inline`: 14 clients of that driver, each used by one statement
+    /// at a time, whose connection the request's own task drives while its statement
+    /// runs (no connection task: no hand-off between tasks).
+    Inline(Connections<Inline>),
+}
+
+/// A tokio-postgres client and its connection, driven by whoever holds it.
+struct Inline {
+    client: tokio_postgres::Client,
+    connection:
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    claim: tokio_postgres::Statement,
+    complete: tokio_postgres::Statement,
+}
+
+impl Inline {
+    /// `statement`'s answer, driving the connection while it runs.
+    async fn run<T>(
+        connection: &mut tokio_postgres::Connection<
+            tokio_postgres::Socket,
+            tokio_postgres::tls::NoTlsStream,
+        >,
+        statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, String> {
+        use std::task::Poll;
+        let mut statement = std::pin::pin!(statement);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = statement.as_mut().poll(cx) {
+                return Poll::Ready(r.map_err(|e| e.to_string()));
+            }
+            if let Poll::Ready(end) = std::pin::Pin::new(&mut *connection).poll(cx) {
+                return Poll::Ready(Err(format!("the connection ended: {end:?}")));
+            }
+            statement.as_mut().poll(cx).map_err(|e| e.to_string())
+        })
+        .await
+    }
 }
 
 /// The MySQL client of the floor, chosen by `LOAD_SQL_FLOOR`.
@@ -120,6 +160,41 @@ enum My {
     Connections(Connections<sqlx::MySqlConnection>),
     /// `pool`: sqlx's pool, which pings each connection it takes back.
     Pool(sqlx::MySqlPool),
+    /// `mysql_async`: 14 connections of that driver without its pool, each with the
+    /// two statements prepared, taken as `connections` takes sqlx's (a connection runs
+    /// one statement at a time: the protocol has no pipelining to share it).
+    MysqlAsync(Connections<MysqlAsync>),
+}
+
+/// A mysql_async connection with the claim and the completion prepared on it.
+struct MysqlAsync {
+    conn: mysql_async::Conn,
+    claim: mysql_async::Statement,
+    complete: mysql_async::Statement,
+}
+
+impl MysqlAsync {
+    async fn open(url: &str, sql: &Statements) -> Result<Self, String> {
+        let failed = |what: &str| {
+            let what = what.to_owned();
+            move |e: mysql_async::Error| format!("the SQL floor: {what}: {e}")
+        };
+        let opts = mysql_async::Opts::from_url(url).map_err(|e| format!("the SQL floor: {e}"))?;
+        let mut conn = mysql_async::Conn::new(opts)
+            .await
+            .map_err(failed("connecting"))?;
+        use mysql_async::prelude::Queryable;
+        let claim = conn.prep(&*sql.claim).await.map_err(failed("preparing"))?;
+        let complete = conn
+            .prep(&*sql.complete)
+            .await
+            .map_err(failed("preparing"))?;
+        Ok(Self {
+            conn,
+            claim,
+            complete,
+        })
+    }
 }
 
 /// The floor's client chosen by `LOAD_SQL_FLOOR`, else `default` (the store's own
@@ -152,13 +227,21 @@ impl<C: Connection> Connections<C> {
     async fn open(url: &str) -> Result<Self, String> {
         let mut connections = Vec::with_capacity(CONNECTIONS);
         for _ in 0..CONNECTIONS {
-            let conn = C::connect(url).await.map_err(failed("connecting"))?;
-            connections.push(tokio::sync::Mutex::new(conn));
+            connections.push(C::connect(url).await.map_err(failed("connecting"))?);
         }
-        Ok(Self {
-            connections,
+        Ok(Self::of(connections))
+    }
+}
+
+impl<C> Connections<C> {
+    fn of(connections: Vec<C>) -> Self {
+        Self {
+            connections: connections
+                .into_iter()
+                .map(tokio::sync::Mutex::new)
+                .collect(),
             next: AtomicUsize::new(0),
-        })
+        }
     }
 
     /// A free connection if there is one (from the next in turn on), else the next in
@@ -213,6 +296,37 @@ impl Db {
                     .await
                     .map_err(failed("connecting"))?,
             ),
+            "tokio-postgres-inline" => {
+                use tokio_postgres::types::Type;
+                let mut all = Vec::with_capacity(CONNECTIONS);
+                for _ in 0..CONNECTIONS {
+                    let (client, mut connection) =
+                        tokio_postgres::connect(url, tokio_postgres::NoTls)
+                            .await
+                            .map_err(|e| format!("the SQL floor: connecting: {e}"))?;
+                    let id = Type::BYTEA;
+                    let claim = Inline::run(
+                        &mut connection,
+                        client.prepare_typed(
+                            &claim,
+                            &[id.clone(), id.clone(), id.clone(), Type::INT8, Type::INT8],
+                        ),
+                    )
+                    .await?;
+                    let complete = Inline::run(
+                        &mut connection,
+                        client.prepare_typed(&complete, &[id.clone(), id.clone(), id, Type::INT8]),
+                    )
+                    .await?;
+                    all.push(Inline {
+                        client,
+                        connection,
+                        claim,
+                        complete,
+                    });
+                }
+                Pg::Inline(Connections::of(all))
+            }
             chosen if chosen == "tokio-postgres" || chosen.starts_with("tokio-postgres:") => {
                 use tokio_postgres::types::Type;
                 let n = pipelined_clients(chosen)?;
@@ -272,8 +386,21 @@ impl Db {
             .await
             .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
+        let (claim, complete) = store.request_path_sql();
+        let sql = Statements {
+            live: "".into(),
+            claim,
+            complete,
+        };
         let client = match chosen_client("connections").as_str() {
             "connections" => My::Connections(Connections::open(url).await?),
+            "mysql_async" => {
+                let mut connections = Vec::with_capacity(CONNECTIONS);
+                for _ in 0..CONNECTIONS {
+                    connections.push(MysqlAsync::open(url, &sql).await?);
+                }
+                My::MysqlAsync(Connections::of(connections))
+            }
             "pool" => My::Pool(
                 sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(CONNECTIONS as u32)
@@ -284,31 +411,25 @@ impl Db {
             ),
             other => {
                 return Err(format!(
-                    "LOAD_SQL_FLOOR={other}: use connections or pool on MySQL"
+                    "LOAD_SQL_FLOOR={other}: use connections, pool or mysql_async on MySQL"
                 ));
             }
         };
-        let version = sqlx::query_scalar("SELECT VERSION()");
-        let version: String = match &client {
-            My::Connections(connections) => version.fetch_one(&mut *connections.take().await).await,
-            My::Pool(pool) => version.fetch_one(pool).await,
-        }
-        .map_err(failed("reading the version"))?;
+        let mut conn = sqlx::MySqlConnection::connect(url)
+            .await
+            .map_err(failed("connecting"))?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut conn)
+            .await
+            .map_err(failed("reading the version"))?;
+        conn.close().await.map_err(failed("closing"))?;
         if !version.contains("MariaDB") {
             return Err(format!(
                 "the SQL floor runs the MariaDB store's claim (INSERT ... RETURNING); the \
                  server is {version}"
             ));
         }
-        let (claim, complete) = store.request_path_sql();
-        Ok(Db::MySql(
-            client,
-            Statements {
-                live: "".into(),
-                claim,
-                complete,
-            },
-        ))
+        Ok(Db::MySql(client, sql))
     }
 
     async fn sqlite(url: &str) -> Result<Self, String> {
@@ -384,26 +505,18 @@ impl Db {
                     }
                     Pg::TokioPostgres(clients, next) => {
                         let (client, claim, _) = &clients[turn(clients.len(), next)];
-                        let row = client
-                            .query_one(
-                                claim,
-                                &[
-                                    &id.as_slice(),
-                                    &fingerprint.as_slice(),
-                                    &token.as_slice(),
-                                    &LEASE_US,
-                                    &RETENTION_US,
-                                ],
-                            )
-                            .await
-                            .map_err(|e| format!("the SQL floor: claiming: {e}"))?;
-                        if row.try_get::<_, bool>(0).map_err(|e| e.to_string())? {
-                            return Ok(None);
-                        }
-                        return Ok(Some((
-                            row.try_get(2).map_err(|e| e.to_string())?,
-                            row.try_get(3).map_err(|e| e.to_string())?,
-                        )));
+                        let ids = [id.as_slice(), fingerprint.as_slice(), token.as_slice()];
+                        let params = pg_claim_params(&ids);
+                        let row = client.query_one(claim, &params).await;
+                        return pg_answer(row.map_err(|e| e.to_string()));
+                    }
+                    Pg::Inline(all) => {
+                        let mut c = all.take().await;
+                        let c = &mut *c;
+                        let ids = [id.as_slice(), fingerprint.as_slice(), token.as_slice()];
+                        let params = pg_claim_params(&ids);
+                        let row = c.client.query_one(&c.claim, &params);
+                        return pg_answer(Inline::run(&mut c.connection, row).await);
                     }
                 };
                 answer(&row.map_err(err)?)
@@ -421,6 +534,35 @@ impl Db {
                         query.fetch_one(&mut *connections.take().await).await
                     }
                     My::Pool(pool) => query.fetch_one(pool).await,
+                    My::MysqlAsync(connections) => {
+                        use mysql_async::prelude::Queryable;
+                        let decoding = |e| format!("the SQL floor: decoding the claim: {e}");
+                        let mut c = connections.take().await;
+                        let c = &mut *c;
+                        let params = (
+                            id.as_slice(),
+                            fingerprint.as_slice(),
+                            token.as_slice(),
+                            LEASE_US,
+                            LEASE_US + RETENTION_US,
+                            token.as_slice(),
+                        );
+                        let mut row: mysql_async::Row = c
+                            .conn
+                            .exec_first(&c.claim, params)
+                            .await
+                            .map_err(|e| format!("the SQL floor: claiming: {e}"))?
+                            .ok_or("the SQL floor: the claim returned no row")?;
+                        let won: bool = row.take_opt(0).ok_or("no column 0")?.map_err(decoding)?;
+                        if won {
+                            return Ok(None);
+                        }
+                        let fingerprint: Vec<u8> =
+                            row.take_opt(2).ok_or("no column 2")?.map_err(decoding)?;
+                        let payload: Option<Vec<u8>> =
+                            row.take_opt(3).ok_or("no column 3")?.map_err(decoding)?;
+                        return Ok(Some((fingerprint, payload)));
+                    }
                 };
                 answer(&row.map_err(err)?)
             }
@@ -480,6 +622,15 @@ impl Db {
                             .await
                             .map_err(|e| format!("the SQL floor: completing: {e}"))?
                     }
+                    Pg::Inline(all) => {
+                        let mut c = all.take().await;
+                        let c = &mut *c;
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                            [&id.as_slice(), &token.as_slice(), &payload, &RETENTION_US];
+                        Inline::run(&mut c.connection, c.client.execute(&c.complete, &params))
+                            .await
+                            .map_err(|e| format!("the SQL floor: completing: {e}"))?
+                    }
                 }
             }
             Db::MySql(client, sql) => {
@@ -490,13 +641,30 @@ impl Db {
                     .bind(id.as_slice())
                     .bind(token.as_slice());
                 match client {
-                    My::Connections(connections) => {
-                        query.execute(&mut *connections.take().await).await
+                    My::Connections(connections) => query
+                        .execute(&mut *connections.take().await)
+                        .await
+                        .map_err(err)?
+                        .rows_affected(),
+                    My::Pool(pool) => query.execute(pool).await.map_err(err)?.rows_affected(),
+                    My::MysqlAsync(connections) => {
+                        use mysql_async::prelude::Queryable;
+                        let mut c = connections.take().await;
+                        let c = &mut *c;
+                        let params = (
+                            payload,
+                            RETENTION_US,
+                            RETENTION_US,
+                            id.as_slice(),
+                            token.as_slice(),
+                        );
+                        c.conn
+                            .exec_drop(&c.complete, params)
+                            .await
+                            .map_err(|e| format!("the SQL floor: completing: {e}"))?;
+                        c.conn.affected_rows()
                     }
-                    My::Pool(pool) => query.execute(pool).await,
                 }
-                .map_err(err)?
-                .rows_affected()
             }
             Db::Sqlite {
                 writer,
@@ -518,6 +686,27 @@ impl Db {
             n => Err(format!("the SQL floor's completion wrote {n} rows")),
         }
     }
+}
+
+/// The claim's parameters on tokio-postgres: `ids` are the record's id, the request's
+/// fingerprint and the fencing token.
+fn pg_claim_params<'a>(
+    ids: &'a [&'a [u8]; 3],
+) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 5] {
+    [&ids[0], &ids[1], &ids[2], &LEASE_US, &RETENTION_US]
+}
+
+/// The claim's answer from a tokio-postgres row (as `answer` reads sqlx's).
+fn pg_answer(row: Result<tokio_postgres::Row, String>) -> Result<Option<Live>, String> {
+    let row = row.map_err(|e| format!("the SQL floor: claiming: {e}"))?;
+    let err = |e: tokio_postgres::Error| format!("the SQL floor: decoding the claim: {e}");
+    if row.try_get::<_, bool>(0).map_err(err)? {
+        return Ok(None);
+    }
+    Ok(Some((
+        row.try_get(2).map_err(err)?,
+        row.try_get(3).map_err(err)?,
+    )))
 }
 
 /// The next of `n` connections or clients, round-robin.
