@@ -38,7 +38,9 @@
 //! several requests' statements) and `tokio-postgres-inline` (14 clients each used by
 //! one statement at a time, whose connection the request's own task drives: no
 //! connection task, no hand-off between tasks); on MySQL, `mysql_async` (14
-//! connections of that driver, taken as `connections` takes sqlx's):
+//! connections of that driver, taken as `connections` takes sqlx's); on SQLite,
+//! `rusqlite` and `rusqlite-threads` (that driver; the writes on a thread of their own,
+//! the reads on the request's thread or on 4 threads of their own):
 //!
 //! ```sh
 //! LOAD_SQL_FLOOR=connections cargo run --release -p perf --bin load -- \
@@ -96,6 +98,120 @@ enum Db {
         writer: sqlx::SqlitePool,
         statements: Statements,
     },
+    /// SQLite on rusqlite (`LOAD_SQL_FLOOR=rusqlite`).
+    Rusqlite(Rusqlite, Statements),
+}
+
+/// SQLite on rusqlite, the same libsqlite3-sys as sqlx's, the store's statements with
+/// their parameters bound by name (SQLite numbers `$N` parameters in the order they
+/// first appear): the claim and the completion on one writing connection that a thread
+/// of its own serves (its fsync must not hold a runtime thread), answering through a
+/// oneshot channel; the read of the live row on a connection of the request's own
+/// thread (`rusqlite`: a read of a WAL database waits for no writer) or on one of 4
+/// reading threads as the writes are (`rusqlite-threads`: no runtime thread ever
+/// waits for the file). sqlx runs every statement on a worker thread of its
+/// connection, and its pool returns each connection through a task.
+struct Rusqlite {
+    path: Arc<str>,
+    writer: std::sync::mpsc::Sender<Job>,
+    /// The reading threads, if reads are not made on the request's thread.
+    readers: Vec<std::sync::mpsc::Sender<Job>>,
+    next: AtomicUsize,
+}
+
+/// A statement for the connection of a thread.
+type Job = Box<dyn FnOnce(&mut rusqlite::Connection) + Send>;
+
+impl Rusqlite {
+    fn open(path: &str, reading_threads: usize) -> Result<Self, String> {
+        let serve = |name: &str| -> Result<std::sync::mpsc::Sender<Job>, String> {
+            let mut conn = Self::connect(path)?;
+            let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    for job in queue {
+                        job(&mut conn);
+                    }
+                })
+                .map_err(|e| format!("the SQL floor: starting a thread: {e}"))?;
+            Ok(jobs)
+        };
+        Ok(Self {
+            path: path.into(),
+            writer: serve("rusqlite-writer")?,
+            readers: (0..reading_threads)
+                .map(|_| serve("rusqlite-reader"))
+                .collect::<Result<_, _>>()?,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// A connection as the store's: WAL, `synchronous = FULL`, a 5 s busy timeout.
+    fn connect(path: &str) -> Result<rusqlite::Connection, String> {
+        let conn = rusqlite::Connection::open(path).map_err(|e| format!("the SQL floor: {e}"))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .and_then(|()| conn.pragma_update(None, "journal_mode", "WAL"))
+            .and_then(|()| conn.pragma_update(None, "synchronous", "FULL"))
+            .map_err(|e| format!("the SQL floor: {e}"))?;
+        Ok(conn)
+    }
+
+    /// `read`'s answer from a reading thread, or from this thread's reading connection
+    /// (opened at its first read).
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, String> {
+        thread_local! {
+            static READER: std::cell::RefCell<Option<(Arc<str>, rusqlite::Connection)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        if !self.readers.is_empty() {
+            let reader = &self.readers[turn(self.readers.len(), &self.next)];
+            return Self::on(reader, read).await;
+        }
+        READER.with_borrow_mut(|reader| {
+            if reader.as_ref().is_none_or(|(path, _)| *path != self.path) {
+                *reader = Some((self.path.clone(), Self::connect(&self.path)?));
+            }
+            let (_, conn) = reader.as_mut().ok_or("no reader")?;
+            read(conn).map_err(|e| format!("the SQL floor: reading: {e}"))
+        })
+    }
+
+    /// `write`'s answer from the writing connection.
+    async fn write<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, String> {
+        Self::on(&self.writer, write).await
+    }
+
+    /// `job`'s answer from the thread of `thread`.
+    async fn on<T: Send + 'static>(
+        thread: &std::sync::mpsc::Sender<Job>,
+        job: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, String> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        thread
+            .send(Box::new(move |conn| {
+                let _ = answer.send(job(conn));
+            }))
+            .map_err(|_| "the SQL floor: a connection's thread stopped")?;
+        answered
+            .await
+            .map_err(|_| "the SQL floor: a connection's thread stopped")?
+            .map_err(|e| format!("the SQL floor: {e}"))
+    }
+}
+
+/// The claim's answer from a rusqlite row (as `answer` reads sqlx's).
+fn lite_answer(row: &rusqlite::Row<'_>) -> rusqlite::Result<Option<Live>> {
+    if row.get::<_, bool>(0)? {
+        return Ok(None);
+    }
+    Ok(Some((row.get(2)?, row.get(3)?)))
 }
 
 /// The PostgreSQL client of the floor, chosen by `LOAD_SQL_FLOOR`.
@@ -459,6 +575,16 @@ impl Db {
             claim,
             complete,
         };
+        match chosen_client("sqlx").as_str() {
+            "sqlx" => {}
+            "rusqlite" => return Ok(Db::Rusqlite(Rusqlite::open(path, 0)?, statements)),
+            "rusqlite-threads" => return Ok(Db::Rusqlite(Rusqlite::open(path, 4)?, statements)),
+            other => {
+                return Err(format!(
+                    "LOAD_SQL_FLOOR={other}: use sqlx, rusqlite or rusqlite-threads on SQLite"
+                ));
+            }
+        }
         Ok(Db::Sqlite {
             readers,
             writer,
@@ -566,6 +692,39 @@ impl Db {
                 };
                 answer(&row.map_err(err)?)
             }
+            Db::Rusqlite(db, sql) => {
+                use rusqlite::OptionalExtension;
+                let (live, id_) = (sql.live.clone(), *id);
+                let live = db
+                    .read(move |conn| {
+                        conn.prepare_cached(&live)?
+                            .query_row(
+                                rusqlite::named_params! {"$1": now_ms(), "$2": id_.as_slice()},
+                                lite_answer,
+                            )
+                            .optional()
+                    })
+                    .await?;
+                if let Some(live) = live {
+                    return Ok(live);
+                }
+                let (claim, id, fingerprint, token) =
+                    (sql.claim.clone(), *id, *fingerprint, *token);
+                db.write(move |conn| {
+                    conn.prepare_cached(&claim)?.query_row(
+                        rusqlite::named_params! {
+                            "$1": now_ms(),
+                            "$2": id.as_slice(),
+                            "$3": fingerprint.as_slice(),
+                            "$4": token.as_slice(),
+                            "$5": LEASE_US / 1000,
+                            "$6": RETENTION_US / 1000,
+                        },
+                        lite_answer,
+                    )
+                })
+                .await
+            }
             Db::Sqlite {
                 readers,
                 writer,
@@ -665,6 +824,21 @@ impl Db {
                         c.conn.affected_rows()
                     }
                 }
+            }
+            Db::Rusqlite(db, sql) => {
+                let (complete, id, token) = (sql.complete.clone(), *id, *token);
+                let payload = payload.to_vec();
+                db.write(move |conn| {
+                    conn.prepare_cached(&complete)?
+                        .execute(rusqlite::named_params! {
+                            "$1": now_ms(),
+                            "$2": id.as_slice(),
+                            "$3": token.as_slice(),
+                            "$4": payload,
+                            "$5": RETENTION_US / 1000,
+                        })
+                })
+                .await? as u64
             }
             Db::Sqlite {
                 writer,
