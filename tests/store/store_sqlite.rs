@@ -277,3 +277,61 @@ CREATE INDEX \"idemkey_records_expires_at\" ON \"idemkey_records\" (expires_at);
     .await;
     store.close().await;
 }
+
+/// A claim's read of the live record runs on a reading thread's connection: requests
+/// that go away while their reads run leave those reads to finish, and the thread's
+/// connection goes on answering (one reading connection here, so every read is its).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_reads_leave_the_reading_connection_serving() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let store = SqliteStore::builder(dir.path().join("cancelled.db"))
+        .max_connections(1)
+        .open()
+        .await
+        .expect("open");
+    let id = RecordId::new("t", "replayed");
+    complete(&store, &id, "stored").await;
+    let mut cancelled = 0;
+    for _ in 0..500 {
+        let mut read = std::pin::pin!(store.claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease: LONG,
+            retention: LONG,
+        }));
+        // Polled once (the read is handed to the thread), then dropped.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx)));
+        if first.await.is_pending() {
+            cancelled += 1;
+        }
+    }
+    assert!(cancelled > 0, "no read was cancelled mid-flight");
+    expect_completed(&store, &id, "stored").await;
+    store.close().await;
+}
+
+/// Closing a store ends its reading threads too: a clone's claim is then answered
+/// unavailable, at once, and never served from a connection left open.
+#[tokio::test]
+async fn a_closed_store_answers_unavailable() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let store = SqliteStore::open(dir.path().join("closed.db"))
+        .await
+        .expect("open");
+    let id = RecordId::new("t", "done");
+    complete(&store, &id, "stored").await;
+    let clone = store.clone();
+    store.close().await;
+    let claim = clone
+        .claim(ClaimRequest {
+            id: &id,
+            fingerprint: b"fp",
+            token: FencingToken::random(),
+            lease: LONG,
+            retention: LONG,
+        })
+        .await;
+    let err = claim.expect_err("a closed store must not answer");
+    assert!(err.is_unavailable(), "{err}");
+}

@@ -11,11 +11,11 @@
 //! has no clock of its own, so leases and retention are measured in milliseconds of this
 //! machine's wall clock (`SystemTime`), which also holds across restarts.
 //!
-//! A claim first reads the live record on a reading connection; a replay or a duplicate
-//! of a running request ends there, with no write lock and no disk sync. Otherwise the
-//! claim is one `INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING` that takes over an
-//! expired row and returns a live one (inserted by a concurrent claim since the read)
-//! unchanged, so claims stay atomic. All writes go through one connection: SQLite runs
+//! A claim first reads the live record on a reading connection (rusqlite, on a thread of
+//! its own: `readers.rs`); a replay or a duplicate of a running request ends there, with
+//! no write lock and no disk sync. Otherwise the claim is one `INSERT ... ON CONFLICT
+//! (id) DO UPDATE ... RETURNING` that takes over an expired row and returns a live one
+//! (inserted by a concurrent claim since the read) unchanged, so claims stay atomic. All writes go through one connection: SQLite runs
 //! one writer at a time, and queueing writes in the process is faster than contending
 //! for the file lock. A fresh request costs 3 statements (read, claim, complete; 2
 //! writes), a replay 1 read.
@@ -38,6 +38,8 @@ use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use sqlx::{AssertSqlSafe, Connection};
+
+mod readers;
 
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
@@ -81,8 +83,12 @@ pub struct SqliteStore {
     /// One connection: SQLite runs one writer at a time, and a single writing connection
     /// queues writes in the process instead of contending for the file lock.
     writer: SqlitePool,
-    /// Reads the live record first, so replays and duplicates take no write lock.
+    /// The admin operations' reads (and, in memory, the request path's).
     readers: SqlitePool,
+    /// Reads the live record first, so replays and duplicates take no write lock: on
+    /// reading threads of their own (`readers.rs`), except in memory, where the one
+    /// database lives on the writer's connection.
+    reading: Option<Arc<readers::Readers>>,
     path: PathBuf,
     sql: Arc<Statements>,
     inbox_retention: Duration,
@@ -179,8 +185,9 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The number of reading connections (default 4). Writes go through one
-    /// connection of their own: SQLite runs one writer at a time.
+    /// The number of reading connections (default 4): those of the claims' reads, each
+    /// served by a thread of its own, and up to as many for the admin operations' reads. Writes go through one connection of their own: SQLite runs
+    /// one writer at a time.
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
@@ -265,9 +272,18 @@ impl SqliteStoreBuilder {
         } else {
             pool(self.max_connections.max(1)).await.map_err(opening)?
         };
+        let reading = if in_memory {
+            None
+        } else {
+            let n = usize::try_from(self.max_connections).unwrap_or(usize::MAX);
+            Some(Arc::new(
+                readers::Readers::open(&self.path, n, self.busy_timeout).await?,
+            ))
+        };
         Ok(SqliteStore {
             writer,
             readers,
+            reading,
             path: self.path,
             sql: Arc::new(Statements::new(table.quoted())),
             inbox_retention: self.inbox_retention,
@@ -276,6 +292,36 @@ impl SqliteStoreBuilder {
 }
 
 impl SqliteStore {
+    /// The live record of `id` as a claim meets it, if there is one: a replay, or a
+    /// duplicate of a running request.
+    async fn read_live(&self, id: &RecordId) -> Result<Option<Claim>, StoreError> {
+        let (now, id) = (now_ms(), *id.as_bytes());
+        let Some(reading) = &self.reading else {
+            let live = sqlx::query(sql(&self.sql.live))
+                .bind(now)
+                .bind(id.to_vec())
+                .fetch_optional(&self.readers)
+                .await
+                .map_err(|e| unavailable("SQLite: reading a record", e))?;
+            return live
+                .map(|row| decode_claim(&SqlxRow(&row), Duration::from_millis))
+                .transpose();
+        };
+        let live = Arc::clone(&self.sql.live);
+        reading
+            .read(move |conn| {
+                let mut statement = conn.prepare_cached(&live).map_err(readers::read_failed)?;
+                // By name: SQLite numbers `$N` parameters in the order they first appear.
+                let params = rusqlite::named_params! {"$1": now, "$2": id.as_slice()};
+                let mut rows = statement.query(params).map_err(readers::read_failed)?;
+                match rows.next().map_err(readers::read_failed)? {
+                    Some(row) => decode_claim(row, Duration::from_millis).map(Some),
+                    None => Ok(None),
+                }
+            })
+            .await
+    }
+
     /// The statements of the request path, exactly as this store runs them: the read of a live record, the claim and the completion.
     /// For measuring tools that must run the store's own SQL (perf's SQL floor); not
     /// part of the API.
@@ -343,6 +389,9 @@ impl SqliteStore {
 
     /// Closes every connection (checkpointing the WAL); clones stop working.
     pub async fn close(&self) {
+        if let Some(reading) = &self.reading {
+            reading.close();
+        }
         self.readers.close().await;
         self.writer.close().await;
     }
@@ -486,14 +535,8 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let live = sqlx::query(sql(&self.sql.live))
-            .bind(now_ms())
-            .bind(req.id.as_bytes().to_vec())
-            .fetch_optional(&self.readers)
-            .await
-            .map_err(|e| unavailable("SQLite: reading a record", e))?;
-        if let Some(row) = live {
-            return decode_claim(&SqlxRow(&row), Duration::from_millis);
+        if let Some(live) = self.read_live(req.id).await? {
+            return Ok(live);
         }
         // None live as of the read: claim atomically (a concurrent claim may have won
         // since; the statement then returns its row).
