@@ -195,6 +195,30 @@ async fn a_missing_directory_is_a_configuration_error() {
     assert!(!missing.exists(), "nothing was created");
 }
 
+/// Each reading connection has a thread of its own, so a pool-sized setting (thousands)
+/// is refused with the limit, before any file is made.
+#[tokio::test]
+async fn too_many_reading_connections_is_a_configuration_error() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("many.db");
+    for n in [257, u32::MAX] {
+        let err = SqliteStore::builder(&path)
+            .max_connections(n)
+            .open()
+            .await
+            .expect_err("too many reading connections");
+        assert!(err.is_configuration() && !err.is_unavailable(), "{err}");
+        assert!(err.to_string().contains("at most 256"), "{err}");
+    }
+    assert!(!path.exists(), "nothing was created");
+    let store = SqliteStore::builder(&path)
+        .max_connections(256)
+        .open()
+        .await
+        .expect("256 reading connections");
+    store.close().await;
+}
+
 /// `sqlite://:memory:` is one in-memory database shared by every request (it used to be
 /// one empty database per connection: "no such table" on the readers), and passes the
 /// conformance suite.

@@ -167,6 +167,11 @@ ORDER BY created LIMIT $2"
     }
 }
 
+/// The most reading connections a [`SqliteStore`] opens
+/// ([`SqliteStoreBuilder::max_connections`]): each has a thread of its own, opened with
+/// the store, so a setting meant for a server's pool (thousands) is refused, not obeyed.
+const MAX_READERS: u32 = 256;
+
 /// Configures a [`SqliteStore`]; made by [`SqliteStore::builder`].
 #[derive(Debug, Clone)]
 pub struct SqliteStoreBuilder {
@@ -185,8 +190,9 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The number of reading connections (default 4): those of the claims' reads, each
-    /// served by a thread of its own, and up to as many for the admin operations' reads. Writes go through one connection of their own: SQLite runs
+    /// The number of reading connections (default 4, at most 256): those of
+    /// the claims' reads, each served by a thread of its own, opened with the store, and
+    /// up to as many for the admin operations' reads. Writes go through one connection of their own: SQLite runs
     /// one writer at a time.
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
@@ -224,6 +230,14 @@ impl SqliteStoreBuilder {
     /// [`MemoryStore`]: crate::store::MemoryStore
     pub async fn open(self) -> Result<SqliteStore, StoreError> {
         let table = TableName::parse(&self.table)?;
+        if self.max_connections > MAX_READERS {
+            return Err(StoreError::configuration(format!(
+                "SQLite: max_connections {} is more reading connections than the store \
+                 opens (at most {MAX_READERS}, each with a thread of its own); reads of one \
+                 file gain nothing from more threads than the machine has cores",
+                self.max_connections
+            )));
+        }
         if table.quoted().contains('.') {
             return Err(StoreError::configuration(format!(
                 "invalid SQLite table name {:?}: name the table without a schema",
