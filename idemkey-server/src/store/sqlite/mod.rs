@@ -170,7 +170,7 @@ ORDER BY created LIMIT $2"
 /// The most reading connections a [`SqliteStore`] opens
 /// ([`SqliteStoreBuilder::max_connections`]): each has a thread of its own, opened with
 /// the store, so a setting meant for a server's pool (thousands) is refused, not obeyed.
-const MAX_READERS: u32 = 256;
+const MAX_READERS: u32 = 64;
 
 /// Configures a [`SqliteStore`]; made by [`SqliteStore::builder`].
 #[derive(Debug, Clone)]
@@ -190,7 +190,7 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The number of reading connections (default 4, at most 256): those of
+    /// The number of reading connections (default 4, at most 64): those of
     /// the claims' reads, each served by a thread of its own, opened with the store, and
     /// up to as many for the admin operations' reads. Writes go through one connection of their own: SQLite runs
     /// one writer at a time.
@@ -200,8 +200,9 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// How long a write waits for another to finish before the request gets a 503
-    /// (default 5 s).
+    /// How long a write waits for another to finish, and a claim for its read of the
+    /// live record while every reading connection is busy, before the request gets a
+    /// 503 (default 5 s).
     #[must_use]
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
@@ -220,9 +221,9 @@ impl SqliteStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError::is_configuration`] when the table name is invalid or the file's
-    /// directory does not exist; [`StoreError::is_unavailable`] when the file cannot be
-    /// opened or written.
+    /// [`StoreError::is_configuration`] when the table name is invalid, the file's
+    /// directory does not exist or [`max_connections`](Self::max_connections) is above
+    /// 64; [`StoreError::is_unavailable`] when the file cannot be opened or written.
     ///
     /// The path `:memory:` opens one in-memory database on a single connection (for
     /// tests: records are lost when the store is dropped; [`MemoryStore`] is faster).
@@ -309,10 +310,10 @@ impl SqliteStore {
     /// The live record of `id` as a claim meets it, if there is one: a replay, or a
     /// duplicate of a running request.
     async fn read_live(&self, id: &RecordId) -> Result<Option<Claim>, StoreError> {
-        let (now, id) = (now_ms(), *id.as_bytes());
+        let id = *id.as_bytes();
         let Some(reading) = &self.reading else {
             let live = sqlx::query(sql(&self.sql.live))
-                .bind(now)
+                .bind(now_ms())
                 .bind(id.to_vec())
                 .fetch_optional(&self.readers)
                 .await
@@ -326,7 +327,9 @@ impl SqliteStore {
             .read(move |conn| {
                 let mut statement = conn.prepare_cached(&live).map_err(readers::read_failed)?;
                 // By name: SQLite numbers `$N` parameters in the order they first appear.
-                let params = rusqlite::named_params! {"$1": now, "$2": id.as_slice()};
+                // The time of the read, not of its queueing: a record that expired
+                // meanwhile is not live.
+                let params = rusqlite::named_params! {"$1": now_ms(), "$2": id.as_slice()};
                 let mut rows = statement.query(params).map_err(readers::read_failed)?;
                 match rows.next().map_err(readers::read_failed)? {
                     Some(row) => decode_claim(row, Duration::from_millis).map(Some),
@@ -404,7 +407,7 @@ impl SqliteStore {
     /// Closes every connection (checkpointing the WAL); clones stop working.
     pub async fn close(&self) {
         if let Some(reading) = &self.reading {
-            reading.close();
+            reading.close().await;
         }
         self.readers.close().await;
         self.writer.close().await;

@@ -13,14 +13,18 @@
 //! connection: a long read (a large stored response) holds up only its own thread.
 //!
 //! A read of a WAL database waits for no writer: it sees the last commit as of its
-//! start. A request cancelled while its read runs leaves the read to finish; the
-//! thread's connection serves the next one. A job that panics ends its read with an
-//! error, not the thread. [`Readers::close`] ends the threads (and closes their
-//! connections) once the reads queued before it have run; reads after it fail
-//! unavailable, as on a closed sqlx pool.
+//! start. A request waits for its answer at most the store's busy timeout (as it waited
+//! for a pooled connection), then gets unavailable. A read whose request went away
+//! (cancelled, or out of time) before a thread took it is skipped; one already running
+//! finishes, and the thread's connection serves the next. A read that panics ends with
+//! an error, not its thread. [`Readers::close`] lets the threads run the reads queued
+//! before it, then ends them and closes their connections; reads after it fail
+//! unavailable at once, as on a closed sqlx pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::super::StoreError;
@@ -29,22 +33,21 @@ use super::super::sql::ClaimRow;
 /// A read for the connection of a reading thread.
 type Job = Box<dyn FnOnce(&mut rusqlite::Connection) + Send>;
 
-/// What a reading thread is sent.
-enum Message {
-    Read(Job),
-    Close,
-}
-
 /// The store's reading threads and the queue they take reads from.
 pub(super) struct Readers {
-    queue: flume::Sender<Message>,
-    threads: usize,
+    /// The queue's one sender; `None` once closed, which ends the threads when they
+    /// have emptied the queue.
+    queue: Mutex<Option<flume::Sender<Job>>>,
+    /// The threads, joined by [`Readers::close`].
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// How long a request waits for its answer: the store's busy timeout.
+    timeout: Duration,
 }
 
 impl Readers {
     /// `n` reading threads (at least 1) on the database at `path`, each with its
-    /// connection: `busy_timeout` as the store's (a read waits for a lock only while
-    /// the WAL is reset or recovered).
+    /// connection; a read waits for a lock (only while the WAL is reset or recovered)
+    /// and a request for its answer at most `busy_timeout`.
     pub(super) async fn open(
         path: &Path,
         n: usize,
@@ -53,61 +56,95 @@ impl Readers {
         let path = path.to_owned();
         // Opening a file blocks: not on a runtime thread.
         tokio::task::spawn_blocking(move || {
-            let threads = n.max(1);
-            let connections = (0..threads)
+            let connections = (0..n.max(1))
                 .map(|_| connect(&path, busy_timeout))
                 .collect::<Result<Vec<_>, _>>()?;
             let (queue, reads) = flume::unbounded();
+            let mut threads = Vec::with_capacity(connections.len());
             for (i, mut conn) in connections.into_iter().enumerate() {
                 let reads = reads.clone();
-                std::thread::Builder::new()
+                let thread = std::thread::Builder::new()
                     .name(format!("idemkey-sqlite-reader-{i}"))
                     .spawn(move || serve(&mut conn, &reads))
-                    .map_err(|e| StoreError::unavailable("SQLite: starting a reading thread", e))?;
+                    .map_err(|e| StoreError::unavailable("SQLite: starting a reading thread", e));
+                match thread {
+                    Ok(thread) => threads.push(thread),
+                    // Dropping the queue ends the threads started so far.
+                    Err(e) => return Err(e),
+                }
             }
-            Ok(Self { queue, threads })
+            Ok(Self {
+                queue: Mutex::new(Some(queue)),
+                threads: Mutex::new(threads),
+                timeout: busy_timeout,
+            })
         })
         .await
         .map_err(|e| StoreError::unavailable("SQLite: opening the reading connections", e))?
     }
 
-    /// `read`'s answer from the next reading thread's connection.
+    /// `read`'s answer from the first free reading thread's connection, within the
+    /// busy timeout.
     pub(super) async fn read<T: Send + 'static>(
         &self,
         read: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let failed = |why: &str| StoreError::unavailable("SQLite: reading a record failed", why);
         let (answer, answered) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |conn| {
-            let _ = answer.send(read(conn));
+            // Its request went away: nobody would read the answer.
+            if !answer.is_closed() {
+                let _ = answer.send(read(conn));
+            }
         });
-        let gone = || {
-            StoreError::unavailable(
-                "SQLite: reading a record failed",
-                "the store's reading connections are closed",
-            )
-        };
-        self.queue.send(Message::Read(job)).map_err(|_| gone())?;
-        answered.await.map_err(|_| {
-            StoreError::unavailable(
-                "SQLite: reading a record failed",
-                "its reading thread dropped the read: the store was closed, or the read panicked",
-            )
-        })?
+        {
+            let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let queue = queue
+                .as_ref()
+                .ok_or_else(|| failed("the store is closed"))?;
+            queue
+                .send(job)
+                .map_err(|_| failed("the store's reading threads ended"))?;
+        }
+        match tokio::time::timeout(self.timeout, answered).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(failed("the read panicked on its reading thread")),
+            Err(_) => Err(StoreError::unavailable(
+                format!(
+                    "SQLite: reading a record took longer than the busy timeout ({:?}): every \
+                     reading connection was busy; raise max_connections or busy_timeout",
+                    self.timeout
+                ),
+                "timed out",
+            )),
+        }
     }
 
-    /// Ends every reading thread once the reads queued before have been taken,
-    /// closing its connection: each thread ends at the first `Close` it takes.
-    pub(super) fn close(&self) {
-        for _ in 0..self.threads {
-            let _ = self.queue.send(Message::Close);
-        }
+    /// Closes the queue, lets the threads run the reads queued before, then waits for
+    /// them to end, each closing its connection.
+    pub(super) async fn close(&self) {
+        drop(
+            self.queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        // Joining blocks: not on a runtime thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
     }
 }
 
-/// A reading thread: runs each read it takes on `conn` until it takes a `Close`, or the
-/// store is dropped.
-fn serve(conn: &mut rusqlite::Connection, reads: &flume::Receiver<Message>) {
-    while let Ok(Message::Read(job)) = reads.recv() {
+/// A reading thread: runs each read it takes on `conn` until the queue is closed and
+/// empty, or the store dropped.
+fn serve(conn: &mut rusqlite::Connection, reads: &flume::Receiver<Job>) {
+    while let Ok(job) = reads.recv() {
         // A panic drops the job's answer channel: its request gets an error.
         let _ = catch_unwind(AssertUnwindSafe(|| job(conn)));
     }
