@@ -134,7 +134,7 @@ impl Rusqlite {
                         job(&mut conn);
                     }
                 })
-                .map_err(|e| format!("the SQL floor: starting a thread: {e}"))?;
+                .map_err(failed("starting a thread"))?;
             Ok(jobs)
         };
         Ok(Self {
@@ -149,11 +149,11 @@ impl Rusqlite {
 
     /// A connection as the store's: WAL, `synchronous = FULL`, a 5 s busy timeout.
     fn connect(path: &str) -> Result<rusqlite::Connection, String> {
-        let conn = rusqlite::Connection::open(path).map_err(|e| format!("the SQL floor: {e}"))?;
+        let conn = rusqlite::Connection::open(path).map_err(failed("opening"))?;
         conn.busy_timeout(Duration::from_secs(5))
             .and_then(|()| conn.pragma_update(None, "journal_mode", "WAL"))
             .and_then(|()| conn.pragma_update(None, "synchronous", "FULL"))
-            .map_err(|e| format!("the SQL floor: {e}"))?;
+            .map_err(failed("setting up a connection"))?;
         Ok(conn)
     }
 
@@ -176,7 +176,7 @@ impl Rusqlite {
                 *reader = Some((self.path.clone(), Self::connect(&self.path)?));
             }
             let (_, conn) = reader.as_mut().ok_or("no reader")?;
-            read(conn).map_err(|e| format!("the SQL floor: reading: {e}"))
+            read(conn).map_err(failed("reading"))
         })
     }
 
@@ -202,7 +202,7 @@ impl Rusqlite {
         answered
             .await
             .map_err(|_| "the SQL floor: a connection's thread stopped")?
-            .map_err(|e| format!("the SQL floor: {e}"))
+            .map_err(failed("running a statement"))
     }
 }
 
@@ -291,11 +291,7 @@ struct MysqlAsync {
 
 impl MysqlAsync {
     async fn open(url: &str, sql: &Statements) -> Result<Self, String> {
-        let failed = |what: &str| {
-            let what = what.to_owned();
-            move |e: mysql_async::Error| format!("the SQL floor: {what}: {e}")
-        };
-        let opts = mysql_async::Opts::from_url(url).map_err(|e| format!("the SQL floor: {e}"))?;
+        let opts = mysql_async::Opts::from_url(url).map_err(failed("reading the URL"))?;
         let mut conn = mysql_async::Conn::new(opts)
             .await
             .map_err(failed("connecting"))?;
@@ -388,7 +384,8 @@ struct Statements {
     complete: Arc<str>,
 }
 
-fn failed(what: &'static str) -> impl Fn(sqlx::Error) -> String {
+/// What the floor reports when `what` failed with any driver's error `e`.
+fn failed<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("the SQL floor: {what}: {e}")
 }
 
@@ -419,7 +416,7 @@ impl Db {
                     let (client, mut connection) =
                         tokio_postgres::connect(url, tokio_postgres::NoTls)
                             .await
-                            .map_err(|e| format!("the SQL floor: connecting: {e}"))?;
+                            .map_err(failed("connecting"))?;
                     let id = Type::BYTEA;
                     let claim = Inline::run(
                         &mut connection,
@@ -450,13 +447,13 @@ impl Db {
                 for _ in 0..n {
                     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                         .await
-                        .map_err(|e| format!("the SQL floor: connecting: {e}"))?;
+                        .map_err(failed("connecting"))?;
                     tokio::spawn(connection);
                     let prepare = async |sql: &str, types: &[Type]| {
                         client
                             .prepare_typed(sql, types)
                             .await
-                            .map_err(|e| format!("the SQL floor: preparing: {e}"))
+                            .map_err(failed("preparing"))
                     };
                     let claim = prepare(
                         &claim,
@@ -662,7 +659,7 @@ impl Db {
                     My::Pool(pool) => query.fetch_one(pool).await,
                     My::MysqlAsync(connections) => {
                         use mysql_async::prelude::Queryable;
-                        let decoding = |e| format!("the SQL floor: decoding the claim: {e}");
+                        let decoding = failed("decoding the claim");
                         let mut c = connections.take().await;
                         let c = &mut *c;
                         let params = (
@@ -677,16 +674,16 @@ impl Db {
                             .conn
                             .exec_first(&c.claim, params)
                             .await
-                            .map_err(|e| format!("the SQL floor: claiming: {e}"))?
+                            .map_err(failed("claiming"))?
                             .ok_or("the SQL floor: the claim returned no row")?;
-                        let won: bool = row.take_opt(0).ok_or("no column 0")?.map_err(decoding)?;
+                        let won: bool = row.take_opt(0).ok_or("no column 0")?.map_err(&decoding)?;
                         if won {
                             return Ok(None);
                         }
                         let fingerprint: Vec<u8> =
-                            row.take_opt(2).ok_or("no column 2")?.map_err(decoding)?;
+                            row.take_opt(2).ok_or("no column 2")?.map_err(&decoding)?;
                         let payload: Option<Vec<u8>> =
-                            row.take_opt(3).ok_or("no column 3")?.map_err(decoding)?;
+                            row.take_opt(3).ok_or("no column 3")?.map_err(&decoding)?;
                         return Ok(Some((fingerprint, payload)));
                     }
                 };
@@ -779,7 +776,7 @@ impl Db {
                                 &[&id.as_slice(), &token.as_slice(), &payload, &RETENTION_US],
                             )
                             .await
-                            .map_err(|e| format!("the SQL floor: completing: {e}"))?
+                            .map_err(failed("completing"))?
                     }
                     Pg::Inline(all) => {
                         let mut c = all.take().await;
@@ -788,7 +785,7 @@ impl Db {
                             [&id.as_slice(), &token.as_slice(), &payload, &RETENTION_US];
                         Inline::run(&mut c.connection, c.client.execute(&c.complete, &params))
                             .await
-                            .map_err(|e| format!("the SQL floor: completing: {e}"))?
+                            .map_err(failed("completing"))?
                     }
                 }
             }
@@ -820,7 +817,7 @@ impl Db {
                         c.conn
                             .exec_drop(&c.complete, params)
                             .await
-                            .map_err(|e| format!("the SQL floor: completing: {e}"))?;
+                            .map_err(failed("completing"))?;
                         c.conn.affected_rows()
                     }
                 }
@@ -872,14 +869,14 @@ fn pg_claim_params<'a>(
 
 /// The claim's answer from a tokio-postgres row (as `answer` reads sqlx's).
 fn pg_answer(row: Result<tokio_postgres::Row, String>) -> Result<Option<Live>, String> {
-    let row = row.map_err(|e| format!("the SQL floor: claiming: {e}"))?;
-    let err = |e: tokio_postgres::Error| format!("the SQL floor: decoding the claim: {e}");
-    if row.try_get::<_, bool>(0).map_err(err)? {
+    let row = row.map_err(failed("claiming"))?;
+    let err = failed::<tokio_postgres::Error>("decoding the claim");
+    if row.try_get::<_, bool>(0).map_err(&err)? {
         return Ok(None);
     }
     Ok(Some((
-        row.try_get(2).map_err(err)?,
-        row.try_get(3).map_err(err)?,
+        row.try_get(2).map_err(&err)?,
+        row.try_get(3).map_err(&err)?,
     )))
 }
 
