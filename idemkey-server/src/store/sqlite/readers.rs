@@ -63,15 +63,12 @@ impl Readers {
             let mut threads = Vec::with_capacity(connections.len());
             for (i, mut conn) in connections.into_iter().enumerate() {
                 let reads = reads.clone();
+                // On an error, dropping the queue ends the threads started so far.
                 let thread = std::thread::Builder::new()
                     .name(format!("idemkey-sqlite-reader-{i}"))
                     .spawn(move || serve(&mut conn, &reads))
-                    .map_err(|e| StoreError::unavailable("SQLite: starting a reading thread", e));
-                match thread {
-                    Ok(thread) => threads.push(thread),
-                    // Dropping the queue ends the threads started so far.
-                    Err(e) => return Err(e),
-                }
+                    .map_err(|e| StoreError::unavailable("SQLite: starting a reading thread", e))?;
+                threads.push(thread);
             }
             Ok(Self {
                 queue: Mutex::new(Some(queue)),
