@@ -15,10 +15,10 @@
 //! its own: `readers.rs`); a replay or a duplicate of a running request ends there, with
 //! no write lock and no disk sync. Otherwise the claim is one `INSERT ... ON CONFLICT
 //! (id) DO UPDATE ... RETURNING` that takes over an expired row and returns a live one
-//! (inserted by a concurrent claim since the read) unchanged, so claims stay atomic. All writes go through one connection: SQLite runs
-//! one writer at a time, and queueing writes in the process is faster than contending
-//! for the file lock. A fresh request costs 3 statements (read, claim, complete; 2
-//! writes), a replay 1 read.
+//! (inserted by a concurrent claim since the read) unchanged, so claims stay atomic. All
+//! writes go through one connection: SQLite runs one writer at a time, and queueing
+//! writes in the process is faster than contending for the file lock. A fresh request
+//! costs 3 statements (read, claim, complete; 2 writes), a replay 1 read.
 //!
 //! Complete, renew and release hold while the token matches and lease end + retention
 //! is still ahead, so an owner whose lease expired and whom nobody took over still
@@ -190,10 +190,10 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The number of reading connections (default 4, at most 64): those of
-    /// the claims' reads, each served by a thread of its own, opened with the store, and
-    /// up to as many for the admin operations' reads. Writes go through one connection of their own: SQLite runs
-    /// one writer at a time.
+    /// The number of reading connections (default 4, at most 64): those of the claims'
+    /// reads, each served by a thread of its own, opened with the store, and up to as
+    /// many for the admin operations' reads. Writes go through one connection of their
+    /// own: SQLite runs one writer at a time.
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
