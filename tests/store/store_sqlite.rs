@@ -394,3 +394,76 @@ async fn claims_racing_a_close_all_end() {
         }
     }
 }
+
+/// The store's writes wait for a write lock another connection holds (another process
+/// on the file, the inbox's caller) up to the busy timeout: the claim succeeds once the
+/// lock is let go within it, and fails unavailable, having written nothing, when it is
+/// held past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_wait_for_a_lock_held_elsewhere_up_to_the_busy_timeout() {
+    use sqlx::Connection;
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("locked.db");
+    let claim = |store: &SqliteStore, key: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .claim(ClaimRequest {
+                    id: &RecordId::new("t", key),
+                    fingerprint: b"fp",
+                    token: FencingToken::random(),
+                    lease: LONG,
+                    retention: LONG,
+                })
+                .await
+        }
+    };
+    let lock = || async {
+        let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("another connection");
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .expect("the write lock");
+        other
+    };
+
+    let open = |busy_timeout| {
+        SqliteStore::builder(&path)
+            .busy_timeout(busy_timeout)
+            .open()
+    };
+    let patient = open(Duration::from_secs(60)).await.expect("open");
+    let mut other = lock().await;
+    let waiting = tokio::spawn(claim(&patient, "waited"));
+    // Without the busy timeout the claim would fail at once (`SQLITE_BUSY`); it waits
+    // for the lock instead (its read needs none).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the claim waits for the lock");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("let go of the lock");
+    let claimed = waiting.await.expect("the claim's task").expect("claimed");
+    assert_eq!(claimed, Claim::Acquired { takeover: false });
+    patient.close().await;
+
+    let hasty = open(Duration::from_millis(200)).await.expect("reopen");
+    let mut other = lock().await;
+    let err = claim(&hasty, "refused")
+        .await
+        .expect_err("the lock is held");
+    assert!(err.is_unavailable(), "{err}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("let go of the lock");
+    let claimed = claim(&hasty, "refused").await.expect("claimed");
+    assert_eq!(
+        claimed,
+        Claim::Acquired { takeover: false },
+        "the refused claim wrote nothing"
+    );
+    hasty.close().await;
+}

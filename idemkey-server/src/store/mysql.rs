@@ -640,7 +640,7 @@ impl Store for MySqlStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| unavailable("MySQL: reading a record", e))?;
-        row.map(|row| decode_info(&row, Duration::from_micros))
+        row.map(|row| decode_info(&SqlxRow(&row), Duration::from_micros))
             .transpose()
     }
 
@@ -660,7 +660,7 @@ impl Store for MySqlStore {
             .await
             .map_err(|e| unavailable("MySQL: listing records in progress", e))?;
         rows.iter()
-            .map(|row| decode_info(row, Duration::from_micros))
+            .map(|row| decode_info(&SqlxRow(row), Duration::from_micros))
             .collect()
     }
 }

@@ -21,17 +21,20 @@ pub(crate) const ADDED_COLUMNS: [&str; 2] = ["created", "retention"];
 /// How long a pooled connection may have sat idle before the pool checks it (a ping)
 /// as it hands it out; see [`pool_options`] and the request path's pool
 /// (`request_pool.rs`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// A pooled connection idle this long is closed (sqlx's default `idle_timeout`), in
 /// [`pool_options`]' pools and the request path's alike.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// A pooled connection this old is closed instead of handed out (sqlx's default
 /// `max_lifetime`), in [`pool_options`]' pools and the request path's alike.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
-/// The options of the SQL stores' sqlx pools (SQLite's connections; the PostgreSQL and
-/// MySQL stores' connections off the request path): sqlx's, except that a connection is checked
+/// The options of the PostgreSQL and MySQL stores' sqlx pools (their connections off the
+/// request path): sqlx's, except that a connection is checked
 /// with a ping as it is taken from the pool only when it has been idle for more than
 /// [`CHECK_AFTER_IDLE`], not every time (sqlx's default, `test_before_acquire`, is a
 /// round trip to the database before every statement: on PostgreSQL a third of a
@@ -43,6 +46,7 @@ pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// sqlx's own (`PoolOptions::before_acquire`). Connections age out after
 /// [`IDLE_TIMEOUT`] idle and [`MAX_LIFETIME`] in all, named here so that the request
 /// path's pool ages its connections the same.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn pool_options<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .idle_timeout(IDLE_TIMEOUT)
@@ -54,6 +58,7 @@ pub(crate) fn pool_options<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> 
 /// [`pool_options`]' check of a connection taken from the pool: a ping if it has been
 /// idle for more than [`CHECK_AFTER_IDLE`]; `false` (the pool closes the connection and
 /// takes or opens another) when the ping fails.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn check_if_idle<DB: sqlx::Database>(
     conn: &mut DB::Connection,
     meta: sqlx::pool::PoolConnectionMetadata,
@@ -220,20 +225,23 @@ pub(crate) fn takeover_sets(expired: &str, columns: &[(&str, &str)]) -> String {
         .join(",\n  ")
 }
 
-/// The claim statement's row, read by column name, whatever the driver: sqlx's rows
-/// through [`SqlxRow`], tokio-postgres's (the PostgreSQL store's request path) by an
-/// impl of its own. A column that cannot be read as asked says why.
-pub(crate) trait ClaimRow {
+/// A row of the request path (the claim statement's) or of the admin operations
+/// (`inspect`, `list_in_progress`), read by column name, whatever the driver: sqlx's
+/// rows through [`SqlxRow`], tokio-postgres's (the PostgreSQL store's request path) and
+/// rusqlite's (the SQLite store's) by impls of their own. A column that cannot be read
+/// as asked says why.
+pub(crate) trait RecordRow {
     fn boolean(&self, column: &str) -> Result<bool, String>;
-    fn integer(&self, column: &str) -> Result<i64, String>;
+    /// An integer column that may be `NULL`.
+    fn integer(&self, column: &str) -> Result<Option<i64>, String>;
     /// A `bytea`/`BLOB` column that may be `NULL`.
     fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, String>;
 }
 
-/// A sqlx row, as a [`ClaimRow`].
+/// A sqlx row, as a [`RecordRow`].
 pub(crate) struct SqlxRow<'a, R>(pub(crate) &'a R);
 
-impl<R> ClaimRow for SqlxRow<'_, R>
+impl<R> RecordRow for SqlxRow<'_, R>
 where
     R: Row,
     for<'s> &'s str: ColumnIndex<R>,
@@ -245,7 +253,7 @@ where
         self.0.try_get(column).map_err(|e| e.to_string())
     }
 
-    fn integer(&self, column: &str) -> Result<i64, String> {
+    fn integer(&self, column: &str) -> Result<Option<i64>, String> {
         self.0.try_get(column).map_err(|e| e.to_string())
     }
 
@@ -254,9 +262,14 @@ where
     }
 }
 
+/// `column` of `row`, which must not be `NULL`.
+fn required<T>(value: Result<Option<T>, String>, column: &str) -> Result<T, String> {
+    value?.ok_or_else(|| format!("a NULL {column}"))
+}
+
 /// Reads the row returned by the claim statement: columns `won`, `taken_over`,
 /// `fingerprint`, `payload` and `remaining` (the lease left, converted by `remaining`).
-pub(crate) fn decode_claim<R: ClaimRow>(
+pub(crate) fn decode_claim<R: RecordRow>(
     row: &R,
     remaining: impl FnOnce(u64) -> Duration,
 ) -> Result<Claim, StoreError> {
@@ -266,17 +279,14 @@ pub(crate) fn decode_claim<R: ClaimRow>(
             takeover: row.boolean("taken_over").map_err(corrupt)?,
         });
     }
-    let fingerprint = row
-        .bytes("fingerprint")
-        .map_err(corrupt)?
-        .ok_or_else(|| corrupt("a NULL fingerprint".to_owned()))?;
+    let fingerprint = required(row.bytes("fingerprint"), "fingerprint").map_err(corrupt)?;
     Ok(match row.bytes("payload").map_err(corrupt)? {
         Some(payload) => Claim::Completed {
             fingerprint: fingerprint.into(),
             payload: payload.into(),
         },
         None => {
-            let left = row.integer("remaining").map_err(corrupt)?;
+            let left = required(row.integer("remaining"), "remaining").map_err(corrupt)?;
             Claim::InProgress {
                 fingerprint: fingerprint.into(),
                 lease_remaining: remaining(u64::try_from(left).unwrap_or(0)),
@@ -288,39 +298,38 @@ pub(crate) fn decode_claim<R: ClaimRow>(
 /// Reads a row of `inspect` or `list_in_progress`: columns `id`, `in_progress`,
 /// `fingerprint`, `payload_len` (NULL in progress), `created` and `expires` (integers
 /// since the Unix epoch, in the unit of `since_epoch`).
-pub(crate) fn decode_info<'r, R>(
-    row: &'r R,
+pub(crate) fn decode_info<R: RecordRow>(
+    row: &R,
     since_epoch: impl Fn(u64) -> Duration,
-) -> Result<RecordInfo, StoreError>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let corrupt = |e: sqlx::Error| StoreError::corrupt(format!("a record's row: {e}"));
-    let id: Vec<u8> = row.try_get("id").map_err(corrupt)?;
+) -> Result<RecordInfo, StoreError> {
+    let corrupt = |e: String| StoreError::corrupt(format!("a record's row: {e}"));
+    let id = required(row.bytes("id"), "id").map_err(corrupt)?;
     let id = <[u8; 32]>::try_from(id.as_slice())
         .map_err(|_| StoreError::corrupt(format!("a record id of {} bytes", id.len())))?;
-    let in_progress: bool = row.try_get("in_progress").map_err(corrupt)?;
-    let payload_len: Option<i64> = row.try_get("payload_len").map_err(corrupt)?;
-    let time = |n: i64| {
-        SystemTime::UNIX_EPOCH
-            .checked_add(since_epoch(u64::try_from(n).unwrap_or(0)))
-            .unwrap_or(SystemTime::UNIX_EPOCH)
+    let time = |column: &str| {
+        let n = required(row.integer(column), column).map_err(corrupt)?;
+        Ok::<_, StoreError>(
+            SystemTime::UNIX_EPOCH
+                .checked_add(since_epoch(u64::try_from(n).unwrap_or(0)))
+                .unwrap_or(SystemTime::UNIX_EPOCH),
+        )
     };
     Ok(RecordInfo {
         id: RecordId::from_bytes(id),
-        state: if in_progress {
+        state: if row.boolean("in_progress").map_err(corrupt)? {
             RecordState::InProgress
         } else {
             RecordState::Completed
         },
-        fingerprint: Bytes::from(row.try_get::<Vec<u8>, _>("fingerprint").map_err(corrupt)?),
-        created: time(row.try_get("created").map_err(corrupt)?),
-        expires: time(row.try_get("expires").map_err(corrupt)?),
-        payload_len: payload_len.map(|n| u64::try_from(n).unwrap_or(0)),
+        fingerprint: Bytes::from(
+            required(row.bytes("fingerprint"), "fingerprint").map_err(corrupt)?,
+        ),
+        created: time("created")?,
+        expires: time("expires")?,
+        payload_len: row
+            .integer("payload_len")
+            .map_err(corrupt)?
+            .map(|n| u64::try_from(n).unwrap_or(0)),
     })
 }
 

@@ -805,7 +805,7 @@ impl Store for PostgresStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| unavailable("PostgreSQL: inspecting a record", e))?;
-        row.map(|r| decode_info(&r, Duration::from_micros))
+        row.map(|r| decode_info(&SqlxRow(&r), Duration::from_micros))
             .transpose()
     }
 
@@ -836,7 +836,7 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| unavailable("PostgreSQL: listing records in progress", e))?;
         rows.iter()
-            .map(|r| decode_info(r, Duration::from_micros))
+            .map(|r| decode_info(&SqlxRow(r), Duration::from_micros))
             .collect()
     }
 }

@@ -42,7 +42,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Config, NoTls, Statement};
 
 use super::super::StoreError;
-use super::super::sql::{Ageing, ClaimRow, REFUSED_SQLSTATES, refused};
+use super::super::sql::{Ageing, REFUSED_SQLSTATES, RecordRow, refused};
 use super::Statements;
 
 /// What opening a session takes: the server and credentials, and the request path's
@@ -561,12 +561,12 @@ pub(crate) fn unavailable(what: &str, e: tokio_postgres::Error) -> StoreError {
     StoreError::unavailable(format!("{what} failed ({})", describe(&e)), e)
 }
 
-impl ClaimRow for tokio_postgres::Row {
+impl RecordRow for tokio_postgres::Row {
     fn boolean(&self, column: &str) -> Result<bool, String> {
         self.try_get(column).map_err(|e| e.to_string())
     }
 
-    fn integer(&self, column: &str) -> Result<i64, String> {
+    fn integer(&self, column: &str) -> Result<Option<i64>, String> {
         self.try_get(column).map_err(|e| e.to_string())
     }
 

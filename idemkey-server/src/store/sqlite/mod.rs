@@ -11,14 +11,18 @@
 //! has no clock of its own, so leases and retention are measured in milliseconds of this
 //! machine's wall clock (`SystemTime`), which also holds across restarts.
 //!
-//! A claim first reads the live record on a reading connection (rusqlite, on a thread of
-//! its own: `readers.rs`); a replay or a duplicate of a running request ends there, with
-//! no write lock and no disk sync. Otherwise the claim is one `INSERT ... ON CONFLICT
-//! (id) DO UPDATE ... RETURNING` that takes over an expired row and returns a live one
-//! (inserted by a concurrent claim since the read) unchanged, so claims stay atomic. All
-//! writes go through one connection: SQLite runs one writer at a time, and queueing
-//! writes in the process is faster than contending for the file lock. A fresh request
-//! costs 3 statements (read, claim, complete; 2 writes), a replay 1 read.
+//! Every connection is rusqlite's, served by a thread of its own (`threads.rs`): a
+//! runtime thread never waits for the file or a disk sync. A claim first reads the live
+//! record on a reading connection; a replay or a duplicate of a running request ends
+//! there, with no write lock and no disk sync. Otherwise the claim is one `INSERT ... ON
+//! CONFLICT (id) DO UPDATE ... RETURNING` that takes over an expired row and returns a
+//! live one (inserted by a concurrent claim since the read) unchanged, so claims stay
+//! atomic. All of the store's writes (the request path's, sweeps, force-release) go
+//! through one connection: SQLite runs one writer at a time, and queueing writes in the
+//! process is faster than contending for the file lock and its sleeping busy handler. A
+//! fresh request costs 3 statements (read, claim, complete; 2 writes), a replay 1 read.
+//! The transactional inbox ([`SqliteStore::once_in`]) runs on the caller's sqlx
+//! connection, inside the caller's transaction.
 //!
 //! Complete, renew and release hold while the token matches and lease end + retention
 //! is still ahead, so an owner whose lease expired and whom nobody took over still
@@ -34,17 +38,17 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use sqlx::sqlite::SqliteSynchronous;
+use rusqlite::types::{ToSql, Value};
+use rusqlite::{Connection, TransactionBehavior, named_params};
 use sqlx::sqlite::{Sqlite, SqliteConnection};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
-use sqlx::{AssertSqlSafe, Connection};
 
-mod readers;
+mod threads;
 
+use self::threads::{Threads, failed};
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, SqlxRow, TableName, claim_sets, decode_claim, decode_info,
-    fenced, pool_options, sql, unavailable,
+    fenced, fenced_by, sql, unavailable,
 };
 use super::sweeper::{Batch, batched_pass};
 use super::{
@@ -80,15 +84,14 @@ use super::{
 /// ```
 #[derive(Clone)]
 pub struct SqliteStore {
-    /// One connection: SQLite runs one writer at a time, and a single writing connection
-    /// queues writes in the process instead of contending for the file lock.
-    writer: SqlitePool,
-    /// The admin operations' reads (and, in memory, the request path's).
-    readers: SqlitePool,
-    /// Reads the live record first, so replays and duplicates take no write lock: on
-    /// reading threads of their own (`readers.rs`), except in memory, where the one
-    /// database lives on the writer's connection.
-    reading: Option<Arc<readers::Readers>>,
+    /// The one writing connection: SQLite runs one writer at a time, and a single
+    /// writing connection queues writes in the process instead of contending for the
+    /// file lock.
+    writing: Arc<Threads>,
+    /// The reading connections (the claims' reads of the live record and the admin
+    /// operations' reads). In memory, the writing connection, where the one database
+    /// lives.
+    reading: Arc<Threads>,
     path: PathBuf,
     sql: Arc<Statements>,
     inbox_retention: Duration,
@@ -190,19 +193,20 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The number of reading connections (default 4, at most 64): those of the claims'
-    /// reads, each served by a thread of its own, opened with the store, and up to as
-    /// many for the admin operations' reads. Writes go through one connection of their
-    /// own: SQLite runs one writer at a time.
+    /// The number of reading connections (default 4, at most 64), each served by a
+    /// thread of its own, opened with the store: the claims' reads of the live record
+    /// and the admin operations' reads. Writes go through one connection of their own:
+    /// SQLite runs one writer at a time.
     #[must_use]
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
         self
     }
 
-    /// How long a write waits for another to finish, and a claim for its read of the
-    /// live record while every reading connection is busy, before the request gets a
-    /// 503 (default 5 s).
+    /// How long an operation waits for its connection's thread to take it (the
+    /// writing connection, or a free reading one), and a statement for a lock another
+    /// connection to the file holds, before the request gets a 503 (default 5 s). An
+    /// operation no thread took in time was not run.
     #[must_use]
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
@@ -259,45 +263,33 @@ impl SqliteStoreBuilder {
                 self.path.display()
             )));
         }
-        let options = SqliteConnectOptions::new()
-            .filename(&self.path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(self.busy_timeout);
-        let pool = |n: u32| {
-            let pool = pool_options::<Sqlite>()
-                .max_connections(n)
-                .acquire_timeout(self.busy_timeout);
-            let pool = if in_memory {
-                // Closing the connection would drop the database.
-                pool.min_connections(1)
-                    .idle_timeout(None)
-                    .max_lifetime(None)
-            } else {
-                pool
-            };
-            pool.connect_with(options.clone())
-        };
-        let opening = |e| unavailable(&format!("SQLite: opening {}", self.path.display()), e);
-        let writer = pool(1).await.map_err(opening)?;
-        migrate(&writer, &table).await?;
-        let readers = if in_memory {
-            writer.clone()
-        } else {
-            pool(self.max_connections.max(1)).await.map_err(opening)?
-        };
+        let (path, busy) = (self.path.clone(), self.busy_timeout);
+        let writing = Arc::new(
+            Threads::open("writing", 1, busy, move || {
+                connect(&path, busy, Role::Writing { in_memory })
+            })
+            .await?,
+        );
+        let migrating = table.clone();
+        writing
+            .run("creating the schema", move |conn| {
+                migrate(conn, &migrating).map_err(failed("creating the schema"))
+            })
+            .await?;
         let reading = if in_memory {
-            None
+            Arc::clone(&writing)
         } else {
-            let n = usize::try_from(self.max_connections).unwrap_or(usize::MAX);
-            Some(Arc::new(
-                readers::Readers::open(&self.path, n, self.busy_timeout).await?,
-            ))
+            let (path, n) = (self.path.clone(), self.max_connections);
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            Arc::new(
+                Threads::open("reading", n, busy, move || {
+                    connect(&path, busy, Role::Reading)
+                })
+                .await?,
+            )
         };
         Ok(SqliteStore {
-            writer,
-            readers,
+            writing,
             reading,
             path: self.path,
             sql: Arc::new(Statements::new(table.quoted())),
@@ -306,42 +298,116 @@ impl SqliteStoreBuilder {
     }
 }
 
+/// What a connection of the store is for.
+#[derive(Clone, Copy)]
+enum Role {
+    /// The writing connection; `in_memory` for the one connection of `:memory:`.
+    Writing {
+        in_memory: bool,
+    },
+    Reading,
+}
+
+/// A connection to `path`: every connection waits for a lock at most `busy_timeout`;
+/// the writing connection puts the file in WAL mode (kept in the file) and syncs each
+/// commit to disk (`synchronous = FULL`).
+fn connect(path: &Path, busy_timeout: Duration, role: Role) -> Result<Connection, StoreError> {
+    let opening = |e| StoreError::unavailable(format!("SQLite: opening {}", path.display()), e);
+    let conn = Connection::open(path).map_err(opening)?;
+    conn.busy_timeout(busy_timeout).map_err(opening)?;
+    if let Role::Writing { in_memory } = role {
+        if !in_memory {
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(opening)?;
+        }
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(opening)?;
+    }
+    Ok(conn)
+}
+
+/// The first row of `statement` run with `params`, decoded by `decode`; the statement
+/// is stepped to its end, where an autocommitted write commits and reports its errors
+/// (a reset would drop them). `what` the request does, for errors.
+fn first_row<T>(
+    conn: &mut Connection,
+    what: &'static str,
+    statement: &str,
+    params: &[(&str, &dyn ToSql)],
+    decode: impl FnOnce(&rusqlite::Row<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let mut statement = conn.prepare_cached(statement).map_err(failed(what))?;
+    let mut rows = statement.query(params).map_err(failed(what))?;
+    let first = match rows.next().map_err(failed(what))? {
+        Some(row) => Some(decode(row)?),
+        None => None,
+    };
+    while rows.next().map_err(failed(what))?.is_some() {}
+    Ok(first)
+}
+
 impl SqliteStore {
     /// The live record of `id` as a claim meets it, if there is one: a replay, or a
     /// duplicate of a running request.
     async fn read_live(&self, id: &RecordId) -> Result<Option<Claim>, StoreError> {
-        let id = *id.as_bytes();
-        let Some(reading) = &self.reading else {
-            let live = sqlx::query(sql(&self.sql.live))
-                .bind(now_ms())
-                .bind(id.to_vec())
-                .fetch_optional(&self.readers)
-                .await
-                .map_err(|e| unavailable("SQLite: reading a record", e))?;
-            return live
-                .map(|row| decode_claim(&SqlxRow(&row), Duration::from_millis))
-                .transpose();
-        };
-        let live = Arc::clone(&self.sql.live);
-        reading
-            .read(move |conn| {
-                let mut statement = conn.prepare_cached(&live).map_err(readers::read_failed)?;
-                // By name: SQLite numbers `$N` parameters in the order they first appear.
-                // The time of the read, not of its queueing: a record that expired
-                // meanwhile is not live.
-                let params = rusqlite::named_params! {"$1": now_ms(), "$2": id.as_slice()};
-                let mut rows = statement.query(params).map_err(readers::read_failed)?;
-                match rows.next().map_err(readers::read_failed)? {
-                    Some(row) => decode_claim(row, Duration::from_millis).map(Some),
-                    None => Ok(None),
-                }
+        let live: fn(&Statements) -> &str = |s| &s.live;
+        self.by_id(&self.reading, "reading a record", live, id, |row| {
+            decode_claim(row, Duration::from_millis)
+        })
+        .await
+    }
+
+    /// The row `statement` returns with the time now as `$1` and `id` as `$2`, if any,
+    /// decoded by `decode`, on one of `threads`' connections.
+    async fn by_id<T: Send + 'static>(
+        &self,
+        threads: &Threads,
+        what: &'static str,
+        statement: fn(&Statements) -> &str,
+        id: &RecordId,
+        decode: fn(&rusqlite::Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        let (sql, id) = (Arc::clone(&self.sql), *id.as_bytes());
+        threads
+            .run(what, move |conn| {
+                // The time the statement runs, not of its queueing: a record that
+                // expired meanwhile is not live. By name: SQLite numbers `$N`
+                // parameters in the order they first appear.
+                let params = named_params! {"$1": now_ms(), "$2": id.as_slice()};
+                first_row(conn, what, statement(&sql), params, decode)
             })
             .await
     }
 
-    /// The statements of the request path, exactly as this store runs them: the read of a live record, the claim and the completion.
-    /// For measuring tools that must run the store's own SQL (perf's SQL floor); not
-    /// part of the API.
+    /// A fenced write (complete, renew, release): `statement` with the time now, `id`
+    /// and `token` as `$1` to `$3`, and `more` after them, on the writing connection.
+    async fn fenced_write(
+        &self,
+        what: &'static str,
+        statement: fn(&Statements) -> &str,
+        id: &RecordId,
+        token: FencingToken,
+        more: Vec<(&'static str, Value)>,
+    ) -> Result<(), StoreError> {
+        let (sql, id, token) = (Arc::clone(&self.sql), *id.as_bytes(), token.to_bytes());
+        let written = self
+            .writing
+            .run(what, move |conn| {
+                let (now, id, token) = (now_ms(), id.as_slice(), token.as_slice());
+                let mut params: Vec<(&str, &dyn ToSql)> =
+                    vec![("$1", &now), ("$2", &id), ("$3", &token)];
+                params.extend(more.iter().map(|(name, v)| (*name, v as &dyn ToSql)));
+                conn.prepare_cached(statement(&sql))
+                    .and_then(|mut s| s.execute(params.as_slice()))
+                    .map_err(failed(what))
+            })
+            .await;
+        fenced_by(written.map(|n| u64::try_from(n).unwrap_or(u64::MAX)), |e| e)
+    }
+
+    /// The statements of the request path, exactly as this store runs them: the read of
+    /// a live record, the claim and the completion. For measuring tools that must run
+    /// the store's own SQL (perf's SQL floor); not part of the API.
     #[doc(hidden)]
     #[must_use]
     pub fn request_path_sql(&self) -> (Arc<str>, Arc<str>, Arc<str>) {
@@ -355,20 +421,32 @@ impl SqliteStore {
     /// Removes at most `limit` expired records in one statement (one short write
     /// transaction).
     async fn sweep_batch(&self, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql(&self.sql.sweep))
-            .bind(now_ms())
-            .bind(i64::from(limit))
-            .execute(&self.writer)
-            .await
-            .map_err(|e| unavailable("SQLite: sweeping expired records", e))?;
-        Ok(done.rows_affected())
+        const WHAT: &str = "sweeping expired records";
+        let sql = Arc::clone(&self.sql);
+        let removed = self
+            .writing
+            .run(WHAT, move |conn| {
+                conn.prepare_cached(&sql.sweep)
+                    .and_then(|mut s| {
+                        s.execute(named_params! {"$1": now_ms(), "$2": i64::from(limit)})
+                    })
+                    .map_err(failed(WHAT))
+            })
+            .await?;
+        Ok(u64::try_from(removed).unwrap_or(u64::MAX))
     }
 
     /// How long the oldest expired record still present has been expired.
     async fn sweep_lag(&self) -> Option<Duration> {
-        let ms: Option<i64> = sqlx::query_scalar(sql(&self.sql.sweep_lag))
-            .bind(now_ms())
-            .fetch_one(&self.writer)
+        const WHAT: &str = "measuring the sweep's lag";
+        let sql = Arc::clone(&self.sql);
+        let ms: Option<i64> = self
+            .reading
+            .run(WHAT, move |conn| {
+                conn.prepare_cached(&sql.sweep_lag)
+                    .and_then(|mut s| s.query_row(named_params! {"$1": now_ms()}, |r| r.get(0)))
+                    .map_err(failed(WHAT))
+            })
             .await
             .ok()?;
         Some(ms.map_or(Duration::ZERO, |ms| {
@@ -404,13 +482,11 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Closes every connection (checkpointing the WAL); clones stop working.
+    /// Closes every connection, once the statements already queued have run (the last
+    /// to close checkpoints the WAL); clones stop working.
     pub async fn close(&self) {
-        if let Some(reading) = &self.reading {
-            reading.close().await;
-        }
-        self.readers.close().await;
-        self.writer.close().await;
+        self.reading.close().await;
+        self.writing.close().await;
     }
 }
 
@@ -474,16 +550,14 @@ fn millis(d: Duration) -> i64 {
 /// schema in place: SQLite has no `ADD COLUMN IF NOT EXISTS`, so the columns are read
 /// first, inside one write transaction (`BEGIN IMMEDIATE`), so that two processes
 /// opening one file do not both add a column.
-async fn migrate(writer: &SqlitePool, table: &TableName) -> Result<(), StoreError> {
-    let err = |e| unavailable("SQLite: creating the schema", e);
+fn migrate(conn: &mut Connection, table: &TableName) -> rusqlite::Result<()> {
     let t = table.quoted();
     let (expiry, in_progress) = (
         table.index_name("expires_at"),
         table.index_name("in_progress"),
     );
-    let mut conn = writer.acquire().await.map_err(err)?;
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
-    sqlx::raw_sql(AssertSqlSafe(format!(
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(&format!(
         "CREATE TABLE IF NOT EXISTS {t} (
     id          BLOB    PRIMARY KEY,
     fingerprint BLOB    NOT NULL,
@@ -494,55 +568,29 @@ async fn migrate(writer: &SqlitePool, table: &TableName) -> Result<(), StoreErro
     created     INTEGER NOT NULL DEFAULT 0,
     retention   INTEGER NOT NULL DEFAULT 0
 )"
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(err)?;
-    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info($1)")
-        .bind(table.unquoted())
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(err)?;
+    ))?;
+    let columns = tx
+        .prepare("SELECT name FROM pragma_table_info(?1)")?
+        .query_map([table.unquoted()], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     for column in ADDED_COLUMNS {
         if columns.iter().any(|c| c == column) {
             continue;
         }
         // The columns the previous schema lacked; rows written by it show the time of
         // the upgrade as their claim's time, and keep no abandoned claim past its lease.
-        sqlx::raw_sql(AssertSqlSafe(format!(
+        tx.execute_batch(&format!(
             "ALTER TABLE {t} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
-        )))
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
+        ))?;
         if column == "created" {
-            sqlx::query(AssertSqlSafe(format!("UPDATE {t} SET created = $1")))
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await
-                .map_err(err)?;
+            tx.execute(&format!("UPDATE {t} SET created = ?1"), [now_ms()])?;
         }
     }
-    sqlx::raw_sql(AssertSqlSafe(format!(
+    tx.execute_batch(&format!(
         "CREATE INDEX IF NOT EXISTS {expiry} ON {t} (expires_at);
 CREATE INDEX IF NOT EXISTS {in_progress} ON {t} (created) WHERE payload IS NULL;"
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(err)?;
-    tx.commit().await.map_err(err)
-}
-
-/// Binds the arguments every fenced write starts with: now, id, token.
-fn fenced_query<'q>(
-    statement: &Arc<str>,
-    id: &RecordId,
-    token: FencingToken,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-    sqlx::query(sql(statement))
-        .bind(now_ms())
-        .bind(id.as_bytes().to_vec())
-        .bind(token.to_bytes().to_vec())
+    ))?;
+    tx.commit()
 }
 
 #[async_trait::async_trait]
@@ -552,22 +600,35 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        const WHAT: &str = "claiming a record";
         if let Some(live) = self.read_live(req.id).await? {
             return Ok(live);
         }
         // None live as of the read: claim atomically (a concurrent claim may have won
         // since; the statement then returns its row).
-        let row = sqlx::query(sql(&self.sql.claim))
-            .bind(now_ms())
-            .bind(req.id.as_bytes().to_vec())
-            .bind(req.fingerprint.to_vec())
-            .bind(req.token.to_bytes().to_vec())
-            .bind(millis(req.lease))
-            .bind(millis(req.retention))
-            .fetch_one(&self.writer)
+        let (sql, id, fingerprint, token) = (
+            Arc::clone(&self.sql),
+            *req.id.as_bytes(),
+            req.fingerprint.to_vec(),
+            req.token.to_bytes(),
+        );
+        let (lease, retention) = (millis(req.lease), millis(req.retention));
+        self.writing
+            .run(WHAT, move |conn| {
+                let params = named_params! {
+                    "$1": now_ms(),
+                    "$2": id.as_slice(),
+                    "$3": fingerprint,
+                    "$4": token.as_slice(),
+                    "$5": lease,
+                    "$6": retention,
+                };
+                first_row(conn, WHAT, &sql.claim, params, |row| {
+                    decode_claim(row, Duration::from_millis)
+                })?
+                .ok_or_else(|| StoreError::corrupt("the claim returned no row"))
+            })
             .await
-            .map_err(|e| unavailable("SQLite: claiming a record", e))?;
-        decode_claim(&SqlxRow(&row), Duration::from_millis)
     }
 
     async fn complete(
@@ -577,11 +638,12 @@ impl Store for SqliteStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let q = fenced_query(&self.sql.complete, id, token)
-            .bind(payload.to_vec())
-            .bind(millis(retention));
-        let done = q.execute(&self.writer).await.map(|r| r.rows_affected());
-        fenced("SQLite: completing a record", done)
+        let more = vec![
+            ("$4", Value::Blob(payload.into())),
+            ("$5", Value::Integer(millis(retention))),
+        ];
+        self.fenced_write("completing a record", |s| &s.complete, id, token, more)
+            .await
     }
 
     async fn renew(
@@ -590,15 +652,14 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let q = fenced_query(&self.sql.renew, id, token).bind(millis(lease));
-        let done = q.execute(&self.writer).await.map(|r| r.rows_affected());
-        fenced("SQLite: renewing a lease", done)
+        let more = vec![("$4", Value::Integer(millis(lease)))];
+        self.fenced_write("renewing a lease", |s| &s.renew, id, token, more)
+            .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<(), StoreError> {
-        let q = fenced_query(&self.sql.release, id, token);
-        let done = q.execute(&self.writer).await.map(|r| r.rows_affected());
-        fenced("SQLite: releasing a record", done)
+        self.fenced_write("releasing a record", |s| &s.release, id, token, Vec::new())
+            .await
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
@@ -618,36 +679,49 @@ impl Store for SqliteStore {
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<RecordInfo>, StoreError> {
-        let row = sqlx::query(sql(&self.sql.inspect))
-            .bind(now_ms())
-            .bind(id.as_bytes().to_vec())
-            .fetch_optional(&self.readers)
-            .await
-            .map_err(|e| unavailable("SQLite: inspecting a record", e))?;
-        row.map(|r| decode_info(&r, Duration::from_millis))
-            .transpose()
+        let inspect: fn(&Statements) -> &str = |s| &s.inspect;
+        self.by_id(&self.reading, "inspecting a record", inspect, id, |row| {
+            decode_info(row, Duration::from_millis)
+        })
+        .await
     }
 
     async fn force_release(&self, id: &RecordId) -> Result<bool, StoreError> {
-        let shown: Option<bool> = sqlx::query_scalar(sql(&self.sql.force_release))
-            .bind(now_ms())
-            .bind(id.as_bytes().to_vec())
-            .fetch_optional(&self.writer)
-            .await
-            .map_err(|e| unavailable("SQLite: force-releasing a record", e))?;
+        let force_release: fn(&Statements) -> &str = |s| &s.force_release;
+        let shown = self
+            .by_id(
+                &self.writing,
+                "force-releasing a record",
+                force_release,
+                id,
+                |row| {
+                    row.get::<_, bool>("shown")
+                        .map_err(failed("force-releasing a record"))
+                },
+            )
+            .await?;
         Ok(shown.unwrap_or(false))
     }
 
     async fn list_in_progress(&self, limit: usize) -> Result<Vec<RecordInfo>, StoreError> {
-        let rows = sqlx::query(sql(&self.sql.list_in_progress))
-            .bind(now_ms())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.readers)
+        const WHAT: &str = "listing records in progress";
+        let sql = Arc::clone(&self.sql);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.reading
+            .run(WHAT, move |conn| {
+                let mut statement = conn
+                    .prepare_cached(&sql.list_in_progress)
+                    .map_err(failed(WHAT))?;
+                let mut rows = statement
+                    .query(named_params! {"$1": now_ms(), "$2": limit})
+                    .map_err(failed(WHAT))?;
+                let mut listed = Vec::new();
+                while let Some(row) = rows.next().map_err(failed(WHAT))? {
+                    listed.push(decode_info(row, Duration::from_millis)?);
+                }
+                Ok(listed)
+            })
             .await
-            .map_err(|e| unavailable("SQLite: listing records in progress", e))?;
-        rows.iter()
-            .map(|r| decode_info(r, Duration::from_millis))
-            .collect()
     }
 }
 

@@ -1,0 +1,280 @@
+//! The SQLite store's connections (rusqlite), each served by a thread of its own: the
+//! reading connections, and the one writing connection.
+//!
+//! On sqlx every statement went to its connection's worker thread and back, and the
+//! pool returned the connection through a task: a replay cost 5 times the bare
+//! handler's CPU, nearly half of it futex calls and switches, and a fresh request 1.7
+//! times what the same statements cost on rusqlite. Here the request hands its
+//! statement to a connection's thread through a channel and waits on a oneshot for the
+//! answer, one hand-off each way: measured with `load`'s SQL floor
+//! (`LOAD_SQL_FLOOR=rusqlite-threads`, `BENCHMARKS.md`, "Stores"). No runtime thread
+//! waits for the file or for a disk sync, which a statement on the request's own thread
+//! would. The threads of a group take statements from one queue, the first free thread
+//! the next, as a pool hands out its first free connection: a long read (a large stored
+//! response) holds up only its own thread.
+//!
+//! A request waits for a thread to take its statement at most the store's busy timeout
+//! (as it waited for a pooled connection), then gets unavailable, and the statement
+//! never runs; once taken, the statement runs to its end (a lock it waits for is
+//! bounded by SQLite's own busy timeout), and its answer is the request's, so a write
+//! the request was told failed was not made. A statement whose request went away
+//! (cancelled) before a thread took it is skipped; one already running finishes, and
+//! the thread's connection serves the next. A statement that panics ends with an error,
+//! not its thread. [`Threads::close`] lets the threads run the statements queued before
+//! it, then ends them and closes their connections; statements after it fail
+//! unavailable at once, as on a closed sqlx pool.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::super::StoreError;
+use super::super::sql::RecordRow;
+
+/// A statement for the connection of a thread.
+type Job = Box<dyn FnOnce(&mut rusqlite::Connection) + Send>;
+
+/// A group of connections, each with its thread, and the queue they take statements
+/// from.
+pub(super) struct Threads {
+    /// The queue's one sender; `None` once closed, which ends the threads when they
+    /// have emptied the queue.
+    queue: Mutex<Option<flume::Sender<Job>>>,
+    /// The threads, joined by [`Threads::close`].
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// How long a request waits for a thread to take its statement: the store's busy
+    /// timeout.
+    timeout: Duration,
+    /// The connections' part, for threads' names and errors: `reading`, `writing`.
+    role: &'static str,
+}
+
+impl Threads {
+    /// `n` threads (at least 1), each with the connection `connect` opens; a request
+    /// waits for a thread at most `busy_timeout`.
+    pub(super) async fn open(
+        role: &'static str,
+        n: usize,
+        busy_timeout: Duration,
+        connect: impl Fn() -> Result<rusqlite::Connection, StoreError> + Send + 'static,
+    ) -> Result<Self, StoreError> {
+        // Opening a file blocks: not on a runtime thread.
+        tokio::task::spawn_blocking(move || {
+            let connections = (0..n.max(1))
+                .map(|_| connect())
+                .collect::<Result<Vec<_>, _>>()?;
+            let (queue, jobs) = flume::unbounded();
+            let mut threads = Vec::with_capacity(connections.len());
+            for (i, mut conn) in connections.into_iter().enumerate() {
+                let jobs = jobs.clone();
+                // On an error, dropping the queue ends the threads started so far.
+                let thread = std::thread::Builder::new()
+                    .name(format!("idemkey-sqlite-{role}-{i}"))
+                    .spawn(move || serve(&mut conn, &jobs))
+                    .map_err(|e| {
+                        StoreError::unavailable(format!("SQLite: starting a {role} thread"), e)
+                    })?;
+                threads.push(thread);
+            }
+            Ok(Self {
+                queue: Mutex::new(Some(queue)),
+                threads: Mutex::new(threads),
+                timeout: busy_timeout,
+                role,
+            })
+        })
+        .await
+        .map_err(|e| {
+            StoreError::unavailable(format!("SQLite: opening the {role} connections"), e)
+        })?
+    }
+
+    /// `job`'s answer from the first free thread's connection, if one takes it within
+    /// the busy timeout; `what` the request does, for errors ("claiming a record").
+    pub(super) async fn run<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        job: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let failed = |why: &str| StoreError::unavailable(format!("SQLite: {what} failed"), why);
+        let (answer, mut answered) = tokio::sync::oneshot::channel();
+        // Set by whichever comes first: the thread taking the job, or the request
+        // giving up on it.
+        let taken = Arc::new(AtomicBool::new(false));
+        let job: Job = {
+            let taken = Arc::clone(&taken);
+            Box::new(move |conn| {
+                // Its request went away, or gave up waiting: nobody would read the answer.
+                if !answer.is_closed() && !taken.swap(true, Ordering::AcqRel) {
+                    let _ = answer.send(job(conn));
+                }
+            })
+        };
+        {
+            let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let queue = queue
+                .as_ref()
+                .ok_or_else(|| failed("the store is closed"))?;
+            queue
+                .send(job)
+                .map_err(|_| failed("the store's connection threads ended"))?;
+        }
+        let answer = match tokio::time::timeout(self.timeout, &mut answered).await {
+            Ok(answer) => answer,
+            // A thread took it: the statement runs to its end, so wait for its answer.
+            Err(_) if taken.swap(true, Ordering::AcqRel) => answered.await,
+            Err(_) => {
+                return Err(StoreError::unavailable(
+                    format!(
+                        "SQLite: {what} waited longer than the busy timeout ({:?}) for a \
+                         {} connection, and was not run: {}",
+                        self.timeout,
+                        self.role,
+                        if self.role == "writing" {
+                            "SQLite writes one statement at a time, and the writes queued \
+                             ahead took that long (or another process held the file's \
+                             write lock); raise busy_timeout"
+                        } else {
+                            "every reading connection was busy; raise max_connections or \
+                             busy_timeout"
+                        }
+                    ),
+                    "timed out",
+                ));
+            }
+        };
+        answer.unwrap_or_else(|_| Err(failed("the statement panicked on its connection's thread")))
+    }
+
+    /// Closes the queue, lets the threads run the statements queued before, then waits
+    /// for them to end, each closing its connection.
+    pub(super) async fn close(&self) {
+        drop(
+            self.queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        // Joining blocks: not on a runtime thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// A connection's thread: runs each statement it takes on `conn` until the queue is
+/// closed and empty, or the store dropped.
+fn serve(conn: &mut rusqlite::Connection, jobs: &flume::Receiver<Job>) {
+    while let Ok(job) = jobs.recv() {
+        // A panic drops the job's answer channel: its request gets an error.
+        let _ = catch_unwind(AssertUnwindSafe(|| job(conn)));
+    }
+}
+
+/// The error of a statement of `what` the request does ("claiming a record").
+pub(super) fn failed(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::unavailable(format!("SQLite: {what} failed ({e})"), e)
+}
+
+impl RecordRow for rusqlite::Row<'_> {
+    fn boolean(&self, column: &str) -> Result<bool, String> {
+        self.get(column).map_err(|e| e.to_string())
+    }
+
+    fn integer(&self, column: &str) -> Result<Option<i64>, String> {
+        self.get(column).map_err(|e| e.to_string())
+    }
+
+    /// A BLOB, or TEXT as its bytes, as sqlx reads either (SQLite's columns take any
+    /// type: a table written by another tool may hold TEXT).
+    fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, String> {
+        use rusqlite::types::ValueRef;
+        match self.get_ref(column).map_err(|e| e.to_string())? {
+            ValueRef::Null => Ok(None),
+            ValueRef::Blob(b) | ValueRef::Text(b) => Ok(Some(b.to_vec())),
+            other => Err(format!(
+                "{} in column {column}, where bytes were expected",
+                other.data_type()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::Threads;
+
+    /// A statement a thread took runs to its end and its request gets the answer, even
+    /// past the timeout; one still queued when its request's timeout passes is never
+    /// run, even once the thread is free (so a write reported failed was not made).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_taken_statement_answers_and_one_given_up_never_runs() {
+        let timeout = Duration::from_millis(500);
+        let threads = Arc::new(
+            Threads::open("writing", 1, timeout, || {
+                rusqlite::Connection::open_in_memory()
+                    .map_err(|e| super::super::super::StoreError::unavailable("opening", e))
+            })
+            .await
+            .expect("one thread"),
+        );
+        let (started, taken) = tokio::sync::oneshot::channel();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = tokio::spawn({
+            let threads = Arc::clone(&threads);
+            async move {
+                threads
+                    .run("the first", move |_| {
+                        let _ = started.send(());
+                        let _ = held.recv();
+                        Ok(1)
+                    })
+                    .await
+            }
+        });
+        taken
+            .await
+            .expect("the thread takes the first statement within the timeout");
+        // The first request's timeout passes while its statement runs.
+        tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+        assert!(
+            !first.is_finished(),
+            "the first request waits for its answer"
+        );
+
+        let ran = Arc::new(AtomicBool::new(false));
+        let second = {
+            let ran = Arc::clone(&ran);
+            threads.run("the second", move |_| {
+                ran.store(true, Ordering::SeqCst);
+                Ok(2)
+            })
+        };
+        let err = second
+            .await
+            .expect_err("the thread stays busy past the timeout");
+        assert!(err.is_unavailable(), "{err}");
+        assert!(err.to_string().contains("was not run"), "{err}");
+
+        release.send(()).expect("the first statement waits");
+        assert_eq!(first.await.expect("the first task").expect("answered"), 1);
+        // Queued after the second: by its answer the second was skipped or run.
+        assert_eq!(
+            threads.run("the third", |_| Ok(3)).await.expect("answered"),
+            3
+        );
+        assert!(!ran.load(Ordering::SeqCst), "a statement given up on ran");
+        threads.close().await;
+    }
+}
