@@ -26,9 +26,10 @@
 //! else: that is the floor the issue defines ("the same statements from a minimal
 //! client on the same driver"). On PostgreSQL, 14 tokio-postgres clients with the
 //! statements prepared on each, taken round-robin by the requests, which share them (a
-//! client pipelines; the store hands a client to one statement at a time). On MySQL
-//! and SQLite, 14 sqlx connections without a pool, each behind a lock, the first free
-//! one taken from the next in turn on. `LOAD_SQL_FLOOR` chooses another client, to
+//! client pipelines; the store hands a client to one statement at a time). On MySQL,
+//! 14 sqlx connections without a pool, each behind a lock, the first free one taken
+//! from the next in turn on. On SQLite, rusqlite: the writes on a thread of their own,
+//! the reads on 4 threads of their own, as the store's. `LOAD_SQL_FLOOR` chooses another client, to
 //! tell the driver's cost from a pool's and to measure drivers side by side:
 //! `connections` (on PostgreSQL too: sqlx's, the store's driver before), `pool` (sqlx's
 //! pool, with no ping as a connection is taken, `test_before_acquire(false)`; it still
@@ -39,8 +40,9 @@
 //! one statement at a time, whose connection the request's own task drives: no
 //! connection task, no hand-off between tasks); on MySQL, `mysql_async` (14
 //! connections of that driver, taken as `connections` takes sqlx's); on SQLite,
-//! `rusqlite` and `rusqlite-threads` (that driver; the writes on a thread of their own,
-//! the reads on the request's thread or on 4 threads of their own):
+//! `rusqlite-threads` (the default), `rusqlite` (the reads on the request's own thread)
+//! and `sqlx` (sqlx pools of 4 reading connections and 1 writing, the store's driver
+//! before):
 //!
 //! ```sh
 //! LOAD_SQL_FLOOR=connections cargo run --release -p perf --bin load -- \
@@ -554,6 +556,21 @@ impl Db {
             .map_err(|e| e.to_string())?;
         let (live, claim, complete) = store.request_path_sql();
         store.close().await;
+        let statements = Statements {
+            live,
+            claim,
+            complete,
+        };
+        match chosen_client("rusqlite-threads").as_str() {
+            "rusqlite" => return Ok(Db::Rusqlite(Rusqlite::open(path, 0)?, statements)),
+            "rusqlite-threads" => return Ok(Db::Rusqlite(Rusqlite::open(path, 4)?, statements)),
+            "sqlx" => {}
+            other => {
+                return Err(format!(
+                    "LOAD_SQL_FLOOR={other}: use rusqlite-threads, rusqlite or sqlx on SQLite"
+                ));
+            }
+        }
         let options = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(path)
             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
@@ -565,26 +582,9 @@ impl Db {
                 .test_before_acquire(false)
                 .connect_with(options.clone())
         };
-        let writer = pool(1).await.map_err(failed("opening"))?;
-        let readers = pool(4).await.map_err(failed("opening"))?;
-        let statements = Statements {
-            live,
-            claim,
-            complete,
-        };
-        match chosen_client("sqlx").as_str() {
-            "sqlx" => {}
-            "rusqlite" => return Ok(Db::Rusqlite(Rusqlite::open(path, 0)?, statements)),
-            "rusqlite-threads" => return Ok(Db::Rusqlite(Rusqlite::open(path, 4)?, statements)),
-            other => {
-                return Err(format!(
-                    "LOAD_SQL_FLOOR={other}: use sqlx, rusqlite or rusqlite-threads on SQLite"
-                ));
-            }
-        }
         Ok(Db::Sqlite {
-            readers,
-            writer,
+            readers: pool(4).await.map_err(failed("opening"))?,
+            writer: pool(1).await.map_err(failed("opening"))?,
             statements,
         })
     }
