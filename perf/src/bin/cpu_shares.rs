@@ -143,13 +143,14 @@ const DRIVER: &[&str] = &[
     "postgres_protocol",
     "postgres_types",
     "sqlite3",
+    "rusqlite",
     "flume",
 ];
 
 /// Parts of the program by the crates or C libraries their symbols name, in the order
 /// they are tried on each frame.
 const PARTS: &[(&str, &[&str])] = &[
-    ("driver (sqlx, tokio-postgres, SQLite)", DRIVER),
+    ("driver (sqlx, tokio-postgres, rusqlite, SQLite)", DRIVER),
     (
         "verifier (idemkey or the floor)",
         &["idemkey", "floor", "sha2"],
