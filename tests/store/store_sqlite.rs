@@ -459,11 +459,11 @@ async fn writes_wait_for_a_lock_held_elsewhere_up_to_the_busy_timeout() {
         .execute(&mut other)
         .await
         .expect("let go of the lock");
-    let claimed = claim(&hasty, "refused").await.expect("claimed");
-    assert_eq!(
-        claimed,
-        Claim::Acquired { takeover: false },
-        "the refused claim wrote nothing"
-    );
+    // Whatever the store had queued has run by the time it is closed.
     hasty.close().await;
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idemkey_records")
+        .fetch_one(&mut other)
+        .await
+        .expect("count the records");
+    assert_eq!(records, 1, "the refused claim wrote nothing");
 }

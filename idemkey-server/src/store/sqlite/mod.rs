@@ -328,7 +328,8 @@ fn connect(path: &Path, busy_timeout: Duration, role: Role) -> Result<Connection
 
 /// The first row of `statement` run with `params`, decoded by `decode`; the statement
 /// is stepped to its end, where an autocommitted write commits and reports its errors
-/// (a reset would drop them). `what` the request does, for errors.
+/// (a reset would commit it too, and drop them), before the decoding's error is
+/// returned. `what` the request does, for errors.
 fn first_row<T>(
     conn: &mut Connection,
     what: &'static str,
@@ -338,12 +339,10 @@ fn first_row<T>(
 ) -> Result<Option<T>, StoreError> {
     let mut statement = conn.prepare_cached(statement).map_err(failed(what))?;
     let mut rows = statement.query(params).map_err(failed(what))?;
-    let first = match rows.next().map_err(failed(what))? {
-        Some(row) => Some(decode(row)?),
-        None => None,
-    };
+    let first = rows.next().map_err(failed(what))?.map(decode);
+    // To the end even when the row cannot be decoded: a reset commits a write too.
     while rows.next().map_err(failed(what))?.is_some() {}
-    Ok(first)
+    first.transpose()
 }
 
 impl SqliteStore {

@@ -17,12 +17,12 @@
 //! (as it waited for a pooled connection), then gets unavailable, and the statement
 //! never runs; once taken, the statement runs to its end (a lock it waits for is
 //! bounded by SQLite's own busy timeout), and its answer is the request's, so a write
-//! the request was told failed was not made. A statement whose request went away
+//! the request was told failed was not made (short of a panic after its commit). A statement whose request went away
 //! (cancelled) before a thread took it is skipped; one already running finishes, and
 //! the thread's connection serves the next. A statement that panics ends with an error,
 //! not its thread. [`Threads::close`] lets the threads run the statements queued before
-//! it, then ends them and closes their connections; statements after it fail
-//! unavailable at once, as on a closed sqlx pool.
+//! it, then ends them and closes their connections, and every caller of it waits for
+//! that; statements after it fail unavailable at once, as on a closed sqlx pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,8 +42,9 @@ pub(super) struct Threads {
     /// The queue's one sender; `None` once closed, which ends the threads when they
     /// have emptied the queue.
     queue: Mutex<Option<flume::Sender<Job>>>,
-    /// The threads, joined by [`Threads::close`].
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The threads, joined by [`Threads::close`]; held while they are joined, so that
+    /// a second caller waits for the first's join.
+    threads: tokio::sync::Mutex<Vec<JoinHandle<()>>>,
     /// How long a request waits for a thread to take its statement: the store's busy
     /// timeout.
     timeout: Duration,
@@ -80,7 +81,7 @@ impl Threads {
             }
             Ok(Self {
                 queue: Mutex::new(Some(queue)),
-                threads: Mutex::new(threads),
+                threads: tokio::sync::Mutex::new(threads),
                 timeout: busy_timeout,
                 role,
             })
@@ -157,11 +158,11 @@ impl Threads {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut threads = self.threads.lock().await;
+        let joining = std::mem::take(&mut *threads);
         // Joining blocks: not on a runtime thread.
         let _ = tokio::task::spawn_blocking(move || {
-            for thread in threads {
+            for thread in joining {
                 let _ = thread.join();
             }
         })
@@ -276,5 +277,57 @@ mod tests {
         );
         assert!(!ran.load(Ordering::SeqCst), "a statement given up on ran");
         threads.close().await;
+    }
+
+    /// Many requests whose timeouts pass about when the thread takes their statements:
+    /// each statement that ran answered its request, and none whose request was told
+    /// it was not run ran, whichever of the two came first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_statement_runs_exactly_when_its_request_is_answered_by_it() {
+        const REQUESTS: usize = 20_000;
+        let threads = Arc::new(
+            Threads::open("writing", 1, Duration::from_micros(300), || {
+                rusqlite::Connection::open_in_memory()
+                    .map_err(|e| super::super::super::StoreError::unavailable("opening", e))
+            })
+            .await
+            .expect("one thread"),
+        );
+        let ran: Arc<Vec<AtomicBool>> =
+            Arc::new((0..REQUESTS).map(|_| AtomicBool::new(false)).collect());
+        let requests: Vec<_> = (0..REQUESTS)
+            .map(|i| {
+                let (threads, ran) = (Arc::clone(&threads), Arc::clone(&ran));
+                tokio::spawn(async move {
+                    threads
+                        .run("a request", move |_| {
+                            ran[i].store(true, Ordering::SeqCst);
+                            Ok(i)
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let (mut answered, mut given_up) = (0, 0);
+        for (i, request) in requests.into_iter().enumerate() {
+            match request.await.expect("the request's task") {
+                Ok(n) => {
+                    assert_eq!(n, i);
+                    answered += 1;
+                }
+                Err(e) => {
+                    assert!(e.to_string().contains("was not run"), "{e}");
+                    given_up += 1;
+                }
+            }
+        }
+        // Every statement queued before this one was run or skipped by now.
+        threads.close().await;
+        let ran = ran.iter().filter(|r| r.load(Ordering::SeqCst)).count();
+        assert!(
+            answered > 0 && given_up > 0,
+            "{answered} answered, {given_up} given up on"
+        );
+        assert_eq!(ran, answered, "statements given up on ran");
     }
 }
