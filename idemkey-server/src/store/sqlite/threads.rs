@@ -216,27 +216,35 @@ mod tests {
 
     use super::Threads;
 
-    /// A statement a thread took runs to its end and its request gets the answer, even
-    /// past the timeout; one still queued when its request's timeout passes is never
-    /// run, even once the thread is free (so a write reported failed was not made).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_taken_statement_answers_and_one_given_up_never_runs() {
-        let timeout = Duration::from_millis(500);
-        let threads = Arc::new(
-            Threads::open("writing", 1, timeout, || {
-                rusqlite::Connection::open_in_memory()
-                    .map_err(|e| super::super::super::StoreError::unavailable("opening", e))
-            })
-            .await
-            .expect("one thread"),
-        );
+    /// One writing thread on an in-memory database, giving up on a statement after
+    /// `timeout`.
+    async fn one_thread(timeout: Duration) -> Arc<Threads> {
+        let connect = || {
+            rusqlite::Connection::open_in_memory()
+                .map_err(|e| super::super::super::StoreError::unavailable("opening", e))
+        };
+        Arc::new(
+            Threads::open("writing", 1, timeout, connect)
+                .await
+                .expect("one thread"),
+        )
+    }
+
+    /// A statement that holds its thread until the returned sender is used, put on
+    /// `threads`: once a thread took it, its request's task (answered 1) and the sender.
+    async fn hold(
+        threads: &Arc<Threads>,
+    ) -> (
+        tokio::task::JoinHandle<Result<i32, super::super::super::StoreError>>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let (started, taken) = tokio::sync::oneshot::channel();
         let (release, held) = std::sync::mpsc::channel::<()>();
-        let first = tokio::spawn({
-            let threads = Arc::clone(&threads);
+        let request = tokio::spawn({
+            let threads = Arc::clone(threads);
             async move {
                 threads
-                    .run("the first", move |_| {
+                    .run("a long statement", move |_| {
                         let _ = started.send(());
                         let _ = held.recv();
                         Ok(1)
@@ -246,7 +254,18 @@ mod tests {
         });
         taken
             .await
-            .expect("the thread takes the first statement within the timeout");
+            .expect("a thread takes the statement within the timeout");
+        (request, release)
+    }
+
+    /// A statement a thread took runs to its end and its request gets the answer, even
+    /// past the timeout; one still queued when its request's timeout passes is never
+    /// run, even once the thread is free (so a write reported failed was not made).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_taken_statement_answers_and_one_given_up_never_runs() {
+        let timeout = Duration::from_millis(500);
+        let threads = one_thread(timeout).await;
+        let (first, release) = hold(&threads).await;
         // The first request's timeout passes while its statement runs.
         tokio::time::sleep(timeout + Duration::from_millis(100)).await;
         assert!(
@@ -279,20 +298,37 @@ mod tests {
         threads.close().await;
     }
 
+    /// Every caller of `close` waits for the threads to end (their connections closed,
+    /// the WAL checkpointed), not only the first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_close_waits_for_the_threads() {
+        let threads = one_thread(Duration::from_secs(60)).await;
+        let (running, release) = hold(&threads).await;
+        let closes: Vec<_> = (0..2)
+            .map(|_| {
+                let threads = Arc::clone(&threads);
+                tokio::spawn(async move { threads.close().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            closes.iter().all(|close| !close.is_finished()),
+            "a close returned while a thread still ran"
+        );
+        release.send(()).expect("the statement waits");
+        running.await.expect("its task").expect("answered");
+        for close in closes {
+            close.await.expect("the close's task");
+        }
+    }
+
     /// Many requests whose timeouts pass about when the thread takes their statements:
     /// each statement that ran answered its request, and none whose request was told
     /// it was not run ran, whichever of the two came first.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_statement_runs_exactly_when_its_request_is_answered_by_it() {
         const REQUESTS: usize = 20_000;
-        let threads = Arc::new(
-            Threads::open("writing", 1, Duration::from_micros(300), || {
-                rusqlite::Connection::open_in_memory()
-                    .map_err(|e| super::super::super::StoreError::unavailable("opening", e))
-            })
-            .await
-            .expect("one thread"),
-        );
+        let threads = one_thread(Duration::from_micros(300)).await;
         let ran: Arc<Vec<AtomicBool>> =
             Arc::new((0..REQUESTS).map(|_| AtomicBool::new(false)).collect());
         let requests: Vec<_> = (0..REQUESTS)
