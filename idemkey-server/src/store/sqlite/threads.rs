@@ -17,12 +17,13 @@
 //! (as it waited for a pooled connection), then gets unavailable, and the statement
 //! never runs; once taken, the statement runs to its end (a lock it waits for is
 //! bounded by SQLite's own busy timeout), and its answer is the request's, so a write
-//! the request was told failed was not made (short of a panic after its commit). A statement whose request went away
-//! (cancelled) before a thread took it is skipped; one already running finishes, and
-//! the thread's connection serves the next. A statement that panics ends with an error,
-//! not its thread. [`Threads::close`] lets the threads run the statements queued before
-//! it, then ends them and closes their connections, and every caller of it waits for
-//! that; statements after it fail unavailable at once, as on a closed sqlx pool.
+//! the request was told failed was not made (short of a panic after its commit). A
+//! statement whose request went away (cancelled) before a thread took it is skipped;
+//! one already running finishes, and the thread's connection serves the next. A
+//! statement that panics ends with an error, not its thread. [`Threads::close`] lets
+//! the threads run the statements queued before it, then ends them and closes their
+//! connections, and every caller of it waits for that; statements after it fail
+//! unavailable at once, as on a closed sqlx pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
