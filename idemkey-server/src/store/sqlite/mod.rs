@@ -44,7 +44,7 @@ use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 mod threads;
 
-use self::threads::{Threads, failed};
+use self::threads::{Role, Threads, failed};
 use super::inbox::{DEFAULT_INBOX_RETENTION, InboxSql};
 use super::sql::{
     ADDED_COLUMNS, DEFAULT_TABLE, SqlxRow, TableName, claim_sets, decode_claim, decode_info,
@@ -263,13 +263,8 @@ impl SqliteStoreBuilder {
                 self.path.display()
             )));
         }
-        let (path, busy) = (self.path.clone(), self.busy_timeout);
-        let writing = Arc::new(
-            Threads::open("writing", 1, busy, move || {
-                connect(&path, busy, Role::Writing { in_memory })
-            })
-            .await?,
-        );
+        let (path, busy) = (&self.path, self.busy_timeout);
+        let writing = Arc::new(Threads::open(Role::Writing, 1, path, busy).await?);
         let migrating = table.clone();
         writing
             .run("creating the schema", move |conn| {
@@ -279,14 +274,8 @@ impl SqliteStoreBuilder {
         let reading = if in_memory {
             Arc::clone(&writing)
         } else {
-            let (path, n) = (self.path.clone(), self.max_connections);
-            let n = usize::try_from(n).unwrap_or(usize::MAX);
-            Arc::new(
-                Threads::open("reading", n, busy, move || {
-                    connect(&path, busy, Role::Reading)
-                })
-                .await?,
-            )
+            let n = usize::try_from(self.max_connections).unwrap_or(usize::MAX);
+            Arc::new(Threads::open(Role::Reading, n, path, busy).await?)
         };
         Ok(SqliteStore {
             writing,
@@ -296,34 +285,6 @@ impl SqliteStoreBuilder {
             inbox_retention: self.inbox_retention,
         })
     }
-}
-
-/// What a connection of the store is for.
-#[derive(Clone, Copy)]
-enum Role {
-    /// The writing connection; `in_memory` for the one connection of `:memory:`.
-    Writing {
-        in_memory: bool,
-    },
-    Reading,
-}
-
-/// A connection to `path`: every connection waits for a lock at most `busy_timeout`;
-/// the writing connection puts the file in WAL mode (kept in the file) and syncs each
-/// commit to disk (`synchronous = FULL`).
-fn connect(path: &Path, busy_timeout: Duration, role: Role) -> Result<Connection, StoreError> {
-    let opening = |e| StoreError::unavailable(format!("SQLite: opening {}", path.display()), e);
-    let conn = Connection::open(path).map_err(opening)?;
-    conn.busy_timeout(busy_timeout).map_err(opening)?;
-    if let Role::Writing { in_memory } = role {
-        if !in_memory {
-            conn.pragma_update(None, "journal_mode", "WAL")
-                .map_err(opening)?;
-        }
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(opening)?;
-    }
-    Ok(conn)
 }
 
 /// The first row of `statement` run with `params`, decoded by `decode`; the statement

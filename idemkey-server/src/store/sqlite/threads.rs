@@ -26,6 +26,7 @@
 //! unavailable at once, as on a closed sqlx pool.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -36,6 +37,40 @@ use super::super::sql::RecordRow;
 
 /// A statement for the connection of a thread.
 type Job = Box<dyn FnOnce(&mut rusqlite::Connection) + Send>;
+
+/// What a group of the store's connections is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// The one writing connection (in memory, the one connection, which reads too).
+    Writing,
+    /// The reading connections.
+    Reading,
+}
+
+impl Role {
+    /// The role's name, for the threads' names and errors.
+    fn name(self) -> &'static str {
+        match self {
+            Role::Writing => "writing",
+            Role::Reading => "reading",
+        }
+    }
+
+    /// Why a statement waited longer than the busy timeout for a connection of this
+    /// role, and what to raise.
+    fn when_busy(self) -> &'static str {
+        match self {
+            Role::Writing => {
+                "SQLite writes one statement at a time, and the writes queued ahead took \
+                 that long (or another process held the file's write lock); raise \
+                 busy_timeout"
+            }
+            Role::Reading => {
+                "every reading connection was busy; raise max_connections or busy_timeout"
+            }
+        }
+    }
+}
 
 /// A group of connections, each with its thread, and the queue they take statements
 /// from.
@@ -49,23 +84,26 @@ pub(super) struct Threads {
     /// How long a request waits for a thread to take its statement: the store's busy
     /// timeout.
     timeout: Duration,
-    /// The connections' part, for threads' names and errors: `reading`, `writing`.
-    role: &'static str,
+    /// What the connections are for.
+    role: Role,
 }
 
 impl Threads {
-    /// `n` threads (at least 1), each with the connection `connect` opens; a request
-    /// waits for a thread at most `busy_timeout`.
+    /// `n` threads (at least 1), each with a connection for `role` to the database at
+    /// `path`; a statement waits for a lock, and a request for a thread to take its
+    /// statement, at most `busy_timeout`.
     pub(super) async fn open(
-        role: &'static str,
+        role: Role,
         n: usize,
+        path: &Path,
         busy_timeout: Duration,
-        connect: impl Fn() -> Result<rusqlite::Connection, StoreError> + Send + 'static,
     ) -> Result<Self, StoreError> {
+        let path = path.to_owned();
+        let name = role.name();
         // Opening a file blocks: not on a runtime thread.
         tokio::task::spawn_blocking(move || {
             let connections = (0..n.max(1))
-                .map(|_| connect())
+                .map(|_| connect(&path, busy_timeout, role))
                 .collect::<Result<Vec<_>, _>>()?;
             let (queue, jobs) = flume::unbounded();
             let mut threads = Vec::with_capacity(connections.len());
@@ -73,10 +111,10 @@ impl Threads {
                 let jobs = jobs.clone();
                 // On an error, dropping the queue ends the threads started so far.
                 let thread = std::thread::Builder::new()
-                    .name(format!("idemkey-sqlite-{role}-{i}"))
+                    .name(format!("idemkey-sqlite-{name}-{i}"))
                     .spawn(move || serve(&mut conn, &jobs))
                     .map_err(|e| {
-                        StoreError::unavailable(format!("SQLite: starting a {role} thread"), e)
+                        StoreError::unavailable(format!("SQLite: starting a {name} thread"), e)
                     })?;
                 threads.push(thread);
             }
@@ -89,7 +127,7 @@ impl Threads {
         })
         .await
         .map_err(|e| {
-            StoreError::unavailable(format!("SQLite: opening the {role} connections"), e)
+            StoreError::unavailable(format!("SQLite: opening the {name} connections"), e)
         })?
     }
 
@@ -133,15 +171,8 @@ impl Threads {
                         "SQLite: {what} waited longer than the busy timeout ({:?}) for a \
                          {} connection, and was not run: {}",
                         self.timeout,
-                        self.role,
-                        if self.role == "writing" {
-                            "SQLite writes one statement at a time, and the writes queued \
-                             ahead took that long (or another process held the file's \
-                             write lock); raise busy_timeout"
-                        } else {
-                            "every reading connection was busy; raise max_connections or \
-                             busy_timeout"
-                        }
+                        self.role.name(),
+                        self.role.when_busy(),
                     ),
                     "timed out",
                 ));
@@ -180,6 +211,27 @@ fn serve(conn: &mut rusqlite::Connection, jobs: &flume::Receiver<Job>) {
     }
 }
 
+/// A connection for `role` to `path`: every connection waits for a lock at most
+/// `busy_timeout`; the writing connection puts the file in WAL mode (kept in the file;
+/// an in-memory database keeps its own journal) and syncs each commit to disk
+/// (`synchronous = FULL`).
+fn connect(
+    path: &Path,
+    busy_timeout: Duration,
+    role: Role,
+) -> Result<rusqlite::Connection, StoreError> {
+    let opening = |e| StoreError::unavailable(format!("SQLite: opening {}", path.display()), e);
+    let conn = rusqlite::Connection::open(path).map_err(opening)?;
+    conn.busy_timeout(busy_timeout).map_err(opening)?;
+    if role == Role::Writing {
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(opening)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(opening)?;
+    }
+    Ok(conn)
+}
+
 /// The error of a statement of `what` the request does ("claiming a record").
 pub(super) fn failed(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::unavailable(format!("SQLite: {what} failed ({e})"), e)
@@ -215,20 +267,15 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use super::Threads;
+    use std::path::Path;
+
+    use super::{Role, Threads};
 
     /// One writing thread on an in-memory database, giving up on a statement after
     /// `timeout`.
     async fn one_thread(timeout: Duration) -> Arc<Threads> {
-        let connect = || {
-            rusqlite::Connection::open_in_memory()
-                .map_err(|e| super::super::super::StoreError::unavailable("opening", e))
-        };
-        Arc::new(
-            Threads::open("writing", 1, timeout, connect)
-                .await
-                .expect("one thread"),
-        )
+        let threads = Threads::open(Role::Writing, 1, Path::new(":memory:"), timeout).await;
+        Arc::new(threads.expect("one thread"))
     }
 
     /// A statement that holds its thread until the returned sender is used, put on
