@@ -317,6 +317,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// The most records the server's memory store keeps: 16 million, about 7 GiB at the
+/// 340 to 450 bytes a completed record takes, or two minutes of fresh keys at 130,000
+/// a second (the floor's map is not bounded, and both grow alike).
+const MEMORY_MAX_RECORDS: u64 = 16_000_000;
+
 /// The server process: the bare app, the floor, the app behind axum-idempotent and the
 /// verified app on free ports, printed as `BARE ADDR`, `FLOOR ADDR`,
 /// `AXUM-IDEMPOTENT ADDR` and `VERIFIED ADDR` on stdout (the verifier's line last, so
@@ -336,8 +341,16 @@ fn serve(args: Args) -> ExitCode {
             let app = ChargeApp::new();
             let engine = match &store {
                 // The memory store itself, not behind `Arc<dyn Store>`, as an app would
-                // hold it.
-                None => Engine::new(MemoryStore::new()),
+                // hold it; bounded above what a run's fresh keys fill (the default
+                // million records lasts about 8 seconds of fresh keys on a quick host),
+                // as the floor's map is not bounded at all.
+                None => Engine::new(
+                    MemoryStore::builder()
+                        .max_records(MEMORY_MAX_RECORDS)
+                        .max_bytes(MEMORY_MAX_RECORDS * 1024)
+                        .build()
+                        .map_err(|e| e.to_string())?,
+                ),
                 Some(url) => Engine::new(
                     idemkey::store::open(url)
                         .await
