@@ -20,7 +20,8 @@
 //! # Vectors
 //!
 //! The vectors that idemkit's backend conformance suite checks (`idemkit.conformance`,
-//! Python), each here too: atomic claim ([`claim_is_atomic`]), a duplicate claim
+//! Python), each here too: atomic claim ([`claim_is_atomic`], and over several instances of one store
+//! [`claim_is_atomic_across`]), a duplicate claim
 //! returning the live record ([`claim_returns_the_live_record`]), wrong-token fencing
 //! of complete, renew and release ([`writes_are_fenced_by_token`]), release
 //! ([`release_makes_the_record_claimable`]), lease reclaim and the reclaimed owner
@@ -257,8 +258,35 @@ pub async fn writes_are_fenced_by_token(store: &Arc<dyn Store>) {
 /// every other sees it in progress; once completed, every concurrent claim sees the
 /// completed record.
 pub async fn claim_is_atomic(store: &Arc<dyn Store>) {
+    claim_is_atomic_across(std::slice::from_ref(store)).await;
+}
+
+/// [`claim_is_atomic`] with the claims spread over several instances of one store, in
+/// turn: pools or clients of their own to one database, as several verifier processes
+/// hold them, so that the claim's atomicity is the database's and not one pool's or one
+/// process's. The record is completed through the first instance.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idemkey::store::{MemoryStore, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // A memory store is one process's: its instances are clones of one map.
+/// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// let instances = [Arc::clone(&store), Arc::clone(&store), store];
+/// idemkey::server::conformance::claim_is_atomic_across(&instances).await;
+/// # }
+/// ```
+///
+/// # Panics
+///
+/// When the check fails, as every check does, and when `stores` is empty.
+pub async fn claim_is_atomic_across(stores: &[Arc<dyn Store>]) {
+    let Some(first) = stores.first() else {
+        panic!("claim_is_atomic_across needs at least one store instance, got none");
+    };
     let id = fresh_id();
-    let results = race(store, id, CONCURRENT_CLAIMS, LONG).await;
+    let results = race(stores, id, CONCURRENT_CLAIMS, LONG).await;
     let winners: Vec<_> = results
         .iter()
         .filter(|(_, _, c)| matches!(c, Claim::Acquired { .. }))
@@ -266,12 +294,14 @@ pub async fn claim_is_atomic(store: &Arc<dyn Store>) {
     assert_eq!(
         winners.len(),
         1,
-        "exactly one of {CONCURRENT_CLAIMS} concurrent claims must win, {} did",
-        winners.len()
+        "exactly one of {CONCURRENT_CLAIMS} concurrent claims must win, {} did (through {} \
+         instance(s) of the store)",
+        winners.len(),
+        stores.len()
     );
-    let &(winner, winner_token, ref first) = winners[0];
+    let &(winner, winner_token, ref won) = winners[0];
     assert_eq!(
-        *first,
+        *won,
         Claim::Acquired { takeover: false },
         "the winner of a fresh record takes nothing over"
     );
@@ -281,8 +311,8 @@ pub async fn claim_is_atomic(store: &Arc<dyn Store>) {
     }
 
     let payload = Bytes::from(format!("winner {winner}"));
-    complete(store, &id, winner_token, payload.clone(), LONG).await;
-    for (_, _, c) in race(store, id, CONCURRENT_CLAIMS, LONG).await {
+    complete(first, &id, winner_token, payload.clone(), LONG).await;
+    for (_, _, c) in race(stores, id, CONCURRENT_CLAIMS, LONG).await {
         expect_completed(
             c,
             &winner_fp,
@@ -410,7 +440,7 @@ pub async fn concurrent_takeover_is_atomic(store: &Arc<dyn Store>) {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let before = Instant::now();
-        let results = race(store, id, 50, LONG).await;
+        let results = race(std::slice::from_ref(store), id, 50, LONG).await;
         let won: Vec<_> = results
             .iter()
             .filter(|(_, _, c)| matches!(c, Claim::Acquired { .. }))
@@ -1584,17 +1614,17 @@ fn fingerprint_of(i: usize) -> Vec<u8> {
     format!("claimer {i}").into_bytes()
 }
 
-/// Fires `n` claims at `id` at once, each from its own task with its own token; returns
-/// (claimer, token, result) for each.
+/// Fires `n` claims at `id` at once, each from its own task with its own token, claimer
+/// `i` through `stores[i % stores.len()]`; returns (claimer, token, result) for each.
 async fn race(
-    store: &Arc<dyn Store>,
+    stores: &[Arc<dyn Store>],
     id: RecordId,
     n: usize,
     lease: Duration,
 ) -> Vec<(usize, FencingToken, Claim)> {
     let gate = Arc::new(tokio::sync::Barrier::new(n));
     let mut tasks = JoinSet::new();
-    for i in 0..n {
+    for (i, store) in (0..n).zip(stores.iter().cycle()) {
         let (store, gate) = (Arc::clone(store), Arc::clone(&gate));
         tasks.spawn(async move {
             let (fp, token) = (fingerprint_of(i), FencingToken::random());

@@ -3,6 +3,7 @@
 
 use crate::support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::{Claim, ClaimRequest, FencingToken, PostgresStore, RecordId, Store};
@@ -10,71 +11,16 @@ use idemkey::testing::conformance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_from_several_pools_are_atomic_and_return_the_row() {
+    // Several rounds, each a fresh record raced by the suite's claims over 4 pools
+    // (each with connections of its own, as 4 processes hold them); then the same
+    // record raced again after the winner completed.
     let table = support::unique("idemkey_test");
-    let first = support::postgres_store(&table).await;
-    let mut stores = vec![first.clone()];
-    for _ in 0..3 {
-        stores.push(support::postgres_store(&table).await);
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..4 {
+        stores.push(Arc::new(support::postgres_store(&table).await));
     }
-    // Several rounds: each a fresh record raced by 200 claims over 4 pools; then the
-    // same record raced again after the winner completed.
-    for round in 0..5 {
-        let id = RecordId::new("race", &format!("{table}-{round}"));
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..200 {
-            let store = stores[i % stores.len()].clone();
-            tasks.spawn(async move {
-                let token = FencingToken::random();
-                let fp = format!("fp{i}").into_bytes();
-                let lease = Duration::from_secs(60);
-                let claim = store
-                    .claim(ClaimRequest {
-                        id: &id,
-                        fingerprint: &fp,
-                        token,
-                        lease,
-                        retention: lease,
-                    })
-                    .await
-                    .expect("claim");
-                (token, fp, claim)
-            });
-        }
-        let results = tasks.join_all().await;
-        let winners: Vec<_> = results
-            .iter()
-            .filter(|(_, _, c)| matches!(c, Claim::Acquired { .. }))
-            .collect();
-        assert_eq!(winners.len(), 1, "round {round}: exactly one claim wins");
-        let (token, fp, _) = winners[0];
-        for (_, _, c) in &results {
-            match c {
-                Claim::Acquired { takeover } => assert!(!takeover),
-                Claim::InProgress { fingerprint, .. } => assert_eq!(fingerprint, fp.as_slice()),
-                Claim::Completed { .. } => panic!("nothing was completed yet"),
-            }
-        }
-        first
-            .complete(&id, *token, "done".into(), Duration::from_secs(60))
-            .await
-            .expect("complete");
-        let again = stores[1]
-            .claim(ClaimRequest {
-                id: &id,
-                fingerprint: b"x",
-                token: FencingToken::random(),
-                lease: Duration::from_secs(60),
-                retention: Duration::from_secs(60),
-            })
-            .await
-            .expect("claim");
-        assert_eq!(
-            again,
-            Claim::Completed {
-                fingerprint: fp.clone().into(),
-                payload: "done".into()
-            }
-        );
+    for _ in 0..5 {
+        conformance::claim_is_atomic_across(&stores).await;
     }
     support::drop_postgres_table(&table).await;
 }
