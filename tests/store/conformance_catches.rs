@@ -285,6 +285,15 @@ async fn catches_a_claim_that_is_not_atomic() {
     conformance::claim_is_atomic(&Broken::store(Defect::DoubleWin)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "concurrent claims must win")]
+async fn catches_a_claim_atomic_only_within_one_instance() {
+    // Four memory stores are four maps: each one's claim is atomic, the four together
+    // are not, as four clients of a store that locks in the client would not be.
+    crate::support::claims_over_four_instances(1, async || idemkey::store::MemoryStore::new())
+        .await;
+}
+
 #[tokio::test]
 #[should_panic(expected = "takeover")]
 async fn catches_a_missing_takeover_flag() {

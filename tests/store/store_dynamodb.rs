@@ -422,22 +422,16 @@ async fn a_claim_repeated_with_its_own_token_is_acquired() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_from_several_clients_are_atomic() {
-    // Four stores on one table, each with an SDK client of its own, as four processes
-    // hold them.
     let moto = MotoServer::start();
+    // Makes the table; each instance then has an SDK client of its own.
     let _table = support::dynamo_store(&moto, "idemkey_race").await;
-    let stores: Vec<Arc<dyn Store>> = (0..4)
-        .map(|_| {
-            let store = DynamoStore::builder(support::dynamo_client(&moto))
-                .table("idemkey_race")
-                .build()
-                .expect("store");
-            Arc::new(store) as Arc<dyn Store>
-        })
-        .collect();
-    for _ in 0..2 {
-        conformance::claim_is_atomic_across(&stores).await;
-    }
+    support::claims_over_four_instances(2, async || {
+        DynamoStore::builder(support::dynamo_client(&moto))
+            .table("idemkey_race")
+            .build()
+            .expect("store")
+    })
+    .await;
 }
 
 /// A store whose requests go through a [`FaultProxy`] in front of moto that loses the

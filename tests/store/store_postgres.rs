@@ -3,7 +3,6 @@
 
 use crate::support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::{Claim, ClaimRequest, FencingToken, PostgresStore, RecordId, Store};
@@ -11,17 +10,8 @@ use idemkey::testing::conformance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_from_several_pools_are_atomic_and_return_the_row() {
-    // Several rounds, each a fresh record raced by the suite's claims over 4 pools
-    // (each with connections of its own, as 4 processes hold them); then the same
-    // record raced again after the winner completed.
     let table = support::unique("idemkey_test");
-    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-    for _ in 0..4 {
-        stores.push(Arc::new(support::postgres_store(&table).await));
-    }
-    for _ in 0..5 {
-        conformance::claim_is_atomic_across(&stores).await;
-    }
+    support::claims_over_four_instances(5, async || support::postgres_store(&table).await).await;
     support::drop_postgres_table(&table).await;
 }
 

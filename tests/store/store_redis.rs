@@ -4,11 +4,9 @@
 use crate::support;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId, RedisStore, Store};
-use idemkey::testing::conformance;
 use redis::AsyncCommands;
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
@@ -131,21 +129,16 @@ fn key_of(prefix: &str, id: &RecordId) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_from_several_clients_are_atomic() {
-    // Four stores, each with a connection of its own, as four processes hold them.
     let url = support::redis_url();
     let prefix = format!("{}:", support::unique("idemkey-test"));
-    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-    for _ in 0..4 {
-        let store = RedisStore::builder(&url)
+    support::claims_over_four_instances(3, async || {
+        RedisStore::builder(&url)
             .prefix(&prefix)
             .connect()
             .await
-            .unwrap_or_else(|e| panic!("the Redis at {url} must be reachable: {e}"));
-        stores.push(Arc::new(store));
-    }
-    for _ in 0..3 {
-        conformance::claim_is_atomic_across(&stores).await;
-    }
+            .unwrap_or_else(|e| panic!("the Redis at {url} must be reachable: {e}"))
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -2,7 +2,6 @@
 
 use crate::support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idemkey::store::{Claim, ClaimRequest, FencingToken, RecordId, SqliteStore, Store};
@@ -53,19 +52,14 @@ async fn expect_completed(store: &dyn Store, id: &RecordId, payload: &'static st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_from_several_stores_on_one_file_are_atomic() {
-    // Four stores on one file, as four processes open it: each has a writing
-    // connection of its own, so the claims' atomicity is SQLite's file lock, not one
-    // store's writing thread.
+    // Each store has a writing connection of its own, so SQLite's file lock decides,
+    // not one store's writing thread.
     let dir = support::TempDir::new("idemkey-sqlite");
     let path = dir.path().join("records.db");
-    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-    for _ in 0..4 {
-        let store = SqliteStore::builder(&path).open().await.expect("open");
-        stores.push(Arc::new(store));
-    }
-    for _ in 0..3 {
-        conformance::claim_is_atomic_across(&stores).await;
-    }
+    support::claims_over_four_instances(3, async || {
+        SqliteStore::builder(&path).open().await.expect("open")
+    })
+    .await;
 }
 
 #[tokio::test]

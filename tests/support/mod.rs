@@ -103,6 +103,24 @@ pub(crate) fn unique(base: &str) -> String {
     )
 }
 
+/// Races the conformance suite's claims ([`claim_is_atomic_across`]) `rounds` times over
+/// four instances of one store, each made by `open` with connections of its own, as four
+/// processes hold them: the claim must be atomic in the database, not in one client.
+///
+/// [`claim_is_atomic_across`]: idemkey::testing::conformance::claim_is_atomic_across
+pub(crate) async fn claims_over_four_instances<S: idemkey::store::Store>(
+    rounds: usize,
+    mut open: impl AsyncFnMut() -> S,
+) {
+    let mut stores: Vec<std::sync::Arc<dyn idemkey::store::Store>> = Vec::new();
+    for _ in 0..4 {
+        stores.push(std::sync::Arc::new(open().await));
+    }
+    for _ in 0..rounds {
+        idemkey::testing::conformance::claim_is_atomic_across(&stores).await;
+    }
+}
+
 /// The lowest and highest port [`free_port`] hands out: below the kernel's ephemeral range
 /// (32768 and up on Linux), so that no outgoing connection of another test can take the
 /// port between the moment it was found free and the moment a private server binds it,
