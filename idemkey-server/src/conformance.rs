@@ -19,23 +19,22 @@
 //!
 //! # Vectors
 //!
-//! The vectors that idemkit's backend conformance suite checks (`idemkit.conformance`,
-//! Python), each here too: atomic claim ([`claim_is_atomic`], and over several instances of one store
-//! [`claim_is_atomic_across`]), a duplicate claim
-//! returning the live record ([`claim_returns_the_live_record`]), wrong-token fencing
-//! of complete, renew and release ([`writes_are_fenced_by_token`]), release
-//! ([`release_makes_the_record_claimable`]), lease reclaim and the reclaimed owner
-//! fenced ([`takeover_after_lease_expiry`], [`concurrent_takeover_is_atomic`]), renew
-//! extending a lease ([`renew_extends_the_lease`]) and renew of a fenced owner
-//! ([`renew_of_a_fenced_owner_changes_nothing`]), TTL expiry of an abandoned claim
-//! ([`abandoned_claim_is_kept_for_its_retention`]) and of a completed record
-//! ([`retention_expiry`]), an oversize payload ([`large_payload_round_trips`]) and a
-//! concurrent claim storm ([`claim_storm_over_many_records`]). And regressions of bugs
-//! users hit in other libraries: a rejected duplicate never frees the live claim it does
-//! not own ([`rejected_duplicate_never_frees_the_live_claim`]); cleanup addresses records
-//! by their hashed id, never the raw key ([`cleanup_addresses_records_by_hashed_id`]);
-//! a sweep racing a completion never makes a settled key answer "in progress" or run
-//! again ([`sweep_racing_completions_keeps_them_settled`]).
+//! The vectors that idemkit's backend conformance suite checks (`idemkit.conformance`, Python),
+//! each here too: atomic claim ([`claim_is_atomic`]; over several instances of one store,
+//! [`claim_is_atomic_across`]), a duplicate claim returning the live record
+//! ([`claim_returns_the_live_record`]), wrong-token fencing of complete, renew and release
+//! ([`writes_are_fenced_by_token`]), release ([`release_makes_the_record_claimable`]), lease
+//! reclaim and the reclaimed owner fenced ([`takeover_after_lease_expiry`],
+//! [`concurrent_takeover_is_atomic`]), renew extending a lease ([`renew_extends_the_lease`]) and
+//! renew of a fenced owner ([`renew_of_a_fenced_owner_changes_nothing`]), TTL expiry of an
+//! abandoned claim ([`abandoned_claim_is_kept_for_its_retention`]) and of a completed record
+//! ([`retention_expiry`]), an oversize payload ([`large_payload_round_trips`]) and a concurrent
+//! claim storm ([`claim_storm_over_many_records`]). And regressions of bugs users hit in other
+//! libraries: a rejected duplicate never frees the live claim it does not own
+//! ([`rejected_duplicate_never_frees_the_live_claim`]); cleanup addresses records by their hashed
+//! id, never the raw key ([`cleanup_addresses_records_by_hashed_id`]); a sweep racing a completion
+//! never makes a settled key answer "in progress" or run again
+//! ([`sweep_racing_completions_keeps_them_settled`]).
 //!
 //! # Time
 //!
@@ -70,7 +69,8 @@ use crate::store::{
     StoreError, SweepOptions, SweepReport, Watch,
 };
 
-/// How many claims [`claim_is_atomic`] fires at one record at once.
+/// How many claims [`claim_is_atomic`] and [`claim_is_atomic_across`] fire at one record at
+/// once.
 pub const CONCURRENT_CLAIMS: usize = 300;
 /// How many records [`claim_storm_over_many_records`] claims at once.
 pub const STORM_RECORDS: usize = 24;
@@ -271,7 +271,7 @@ pub async fn claim_is_atomic(store: &Arc<dyn Store>) {
 /// use idemkey::store::{MemoryStore, Store};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// // A memory store is one process's: its instances are clones of one map.
+/// // A memory store lives in one process: its instances are handles to one store.
 /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
 /// let instances = [Arc::clone(&store), Arc::clone(&store), store];
 /// idemkey::server::conformance::claim_is_atomic_across(&instances).await;
@@ -1622,6 +1622,10 @@ async fn race(
     n: usize,
     lease: Duration,
 ) -> Vec<(usize, FencingToken, Claim)> {
+    assert!(
+        !stores.is_empty(),
+        "a race needs at least one store instance to claim through"
+    );
     let gate = Arc::new(tokio::sync::Barrier::new(n));
     let mut tasks = JoinSet::new();
     for (i, store) in (0..n).zip(stores.iter().cycle()) {
