@@ -4,12 +4,12 @@
 //! against a handler without one.
 //!
 //! Per keyed request it does what issue 19 lists as the floor and nothing else: it hashes
-//! the scope (the `Authorization` header) and the key into a record id (SHA-256), reads
-//! the body and fingerprints method, path, `Content-Type` and body (SHA-256), claims the
-//! record in a concurrent map (the same sharded map and hash the memory store uses), runs
-//! the handler, reads its answer and keeps a copy of it (status, headers, body) in the
-//! record. A retry with the same request gets the copy with `Idempotent-Replayed: true`;
-//! the same key with another request gets 422, a duplicate while the first runs 409.
+//! the scope (the `Authorization` header) and the key into a record id (SHA-256), reads the
+//! body and fingerprints method, path, `Content-Type` and body (SHA-256), claims the record
+//! in a concurrent map (`DashMap`, sharded, with foldhash), runs the handler, reads its
+//! answer and keeps a copy of it (status, headers, body) in the record. A retry with the
+//! same request gets the copy with `Idempotent-Replayed: true`; the same key with another
+//! request gets 422, a duplicate while the first runs 409.
 //!
 //! What it leaves out, and idemkey's verifier does not: key validation and the answers
 //! of the protocol (problem details, `Retry-After`), leases, fencing tokens and takeover

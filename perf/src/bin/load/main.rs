@@ -317,10 +317,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// The most records the server's memory store keeps: 16 million, about 7 GiB at the
-/// 340 to 450 bytes a completed record takes, or two minutes of fresh keys at 130,000
-/// a second (the floor's map is not bounded, and both grow alike).
-const MEMORY_MAX_RECORDS: u64 = 16_000_000;
+/// The most records the server's memory store keeps: 2,097,152, twice the default, so
+/// that the documented runs do not fill it (the default million lasts about 8 seconds
+/// of fresh keys on a quick host; a run of `--seconds 2 --rounds 6` sends up to 12
+/// seconds of them, and the floor's map is not bounded at all). Not more: the store
+/// makes a shard per 2,048 records of its bound, and at 16 million (8,192 shards, 1 MiB
+/// of shard locks) its fresh keys cost 4 to 5% more CPU than the default's 512 shards,
+/// where at this bound (1,024) they cost the same (`load --against` a build with the
+/// default store).
+const MEMORY_MAX_RECORDS: u64 = 1 << 21;
 
 /// The server process: the bare app, the floor, the app behind axum-idempotent and the
 /// verified app on free ports, printed as `BARE ADDR`, `FLOOR ADDR`,
@@ -341,9 +346,9 @@ fn serve(args: Args) -> ExitCode {
             let app = ChargeApp::new();
             let engine = match &store {
                 // The memory store itself, not behind `Arc<dyn Store>`, as an app would
-                // hold it; bounded above what a run's fresh keys fill (the default
-                // million records lasts about 8 seconds of fresh keys on a quick host),
-                // as the floor's map is not bounded at all.
+                // hold it, bounded above what a run's fresh keys fill; the byte budget
+                // (1 KiB a record, well above the charges' records) leaves the bound to
+                // the number of records.
                 None => Engine::new(
                     MemoryStore::builder()
                         .max_records(MEMORY_MAX_RECORDS)
