@@ -207,6 +207,32 @@ async fn a_missing_directory_is_a_configuration_error() {
     assert!(!missing.exists(), "nothing was created");
 }
 
+/// A file that is not a SQLite database (another program's file, a path mistyped onto
+/// one) is the configuration's fault: retrying will not help, and the file is left as
+/// it was.
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_a_configuration_error() {
+    let dir = support::TempDir::new("idemkey-sqlite");
+    let path = dir.path().join("notes.txt");
+    let text = "not a database, but somebody's notes\n".repeat(200);
+    std::fs::write(&path, &text).expect("write the file");
+    let err = idemkey::store::open(&format!("sqlite://{}", path.display()))
+        .await
+        .err()
+        .expect("not a database");
+    assert!(err.is_configuration() && !err.is_unavailable(), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("not a SQLite database") && message.contains("notes.txt"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path).expect("read the file"),
+        text,
+        "the file is unchanged"
+    );
+}
+
 /// Each reading connection has a thread of its own, so a pool-sized setting (hundreds,
 /// thousands) is refused with the limit, before any file is made.
 #[tokio::test]

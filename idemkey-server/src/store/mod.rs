@@ -679,7 +679,12 @@ impl StoreError {
 
     /// [`StoreError::configuration`], keeping the driver's error as the source.
     #[cfg_attr(
-        not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+        not(any(
+            feature = "redis",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "sqlite"
+        )),
         allow(dead_code)
     )]
     pub(crate) fn configuration_from(

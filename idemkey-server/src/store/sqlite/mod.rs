@@ -226,8 +226,9 @@ impl SqliteStoreBuilder {
     /// # Errors
     ///
     /// [`StoreError::is_configuration`] when the table name is invalid, the file's
-    /// directory does not exist or [`max_connections`](Self::max_connections) is above
-    /// 64; [`StoreError::is_unavailable`] when the file cannot be opened or written.
+    /// directory does not exist, the file is not a SQLite database or
+    /// [`max_connections`](Self::max_connections) is above 64;
+    /// [`StoreError::is_unavailable`] when the file cannot be opened or written.
     ///
     /// The path `:memory:` opens one in-memory database on a single connection (for
     /// tests: records are lost when the store is dropped; [`MemoryStore`] is faster).
@@ -431,6 +432,8 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
+    /// As [`SqliteStoreBuilder::open`]: [`StoreError::is_configuration`] when the
+    /// file's directory does not exist or the file is not a SQLite database,
     /// [`StoreError::is_unavailable`] when the file cannot be opened or written.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::builder(path).open().await

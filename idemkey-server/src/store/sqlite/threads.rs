@@ -220,7 +220,7 @@ fn connect(
     busy_timeout: Duration,
     role: Role,
 ) -> Result<rusqlite::Connection, StoreError> {
-    let opening = |e| StoreError::unavailable(format!("SQLite: opening {}", path.display()), e);
+    let opening = |e| opening_failed(path, e);
     let conn = rusqlite::Connection::open(path).map_err(opening)?;
     conn.busy_timeout(busy_timeout).map_err(opening)?;
     if role == Role::Writing {
@@ -230,6 +230,25 @@ fn connect(
             .map_err(opening)?;
     }
     Ok(conn)
+}
+
+/// A connection to `path` that could not be opened: a configuration error when the file
+/// is not a SQLite database (retrying will not change that), unavailable otherwise.
+fn opening_failed(path: &Path, e: rusqlite::Error) -> StoreError {
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase) {
+        return StoreError::configuration_from(
+            format!(
+                "SQLite: {} is not a SQLite database ({e}); point the store at its database \
+                 file, or at a new path where it creates one",
+                path.display()
+            ),
+            e,
+        );
+    }
+    StoreError::unavailable(
+        format!("SQLite: opening {} failed ({e})", path.display()),
+        e,
+    )
 }
 
 /// The error of a statement of `what` the request does ("claiming a record").
