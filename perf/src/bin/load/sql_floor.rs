@@ -29,8 +29,8 @@
 //! client pipelines; the store hands a client to one statement at a time). On MySQL,
 //! 14 sqlx connections without a pool, each behind a lock, the first free one taken
 //! from the next in turn on. On SQLite, rusqlite: the writes on a thread of their own,
-//! the reads on 4 threads of their own, as the store's. `LOAD_SQL_FLOOR` chooses another client, to
-//! tell the driver's cost from a pool's and to measure drivers side by side:
+//! the reads on 4 threads of their own, as the store's. `LOAD_SQL_FLOOR` chooses another
+//! client, to tell the driver's cost from a pool's and to measure drivers side by side:
 //! `connections` (on PostgreSQL too: sqlx's, the store's driver before), `pool` (sqlx's
 //! pool, with no ping as a connection is taken, `test_before_acquire(false)`; it still
 //! pings every connection it takes back, a second round trip per statement); on
